@@ -1,0 +1,1 @@
+"""TRIP data: readers, features, batching, TFDS builder and entity extraction."""

@@ -1,0 +1,1 @@
+"""Flax encoders with Hugging Face parameter names, and the tiered TRIP model."""
