@@ -1,0 +1,126 @@
+"""Readable explanations of one pair's tiered predictions: story, conflicting pair, states.
+
+``explain_pair`` turns the model's outputs for one pair into a JSON-ready dict and
+``explanation_text`` into words, e.g. "Story 1 is plausible. In story 2, sentences 2 and 5
+conflict: after sentence 2 the phone is unpowered; sentence 5 needs the phone to be powered."
+
+Rules (sentence indices are 0-based in the dict, 1-based in the text, as the paper writes them):
+
+- the plausible story is ``story_pred``; the implausible one is k = 1 - story_pred;
+- the conflicting pair is read from k's beliefs: each sentence's belief is the largest belief of
+  any entity there, and (i, j) are the two sentences with the highest beliefs (ties go to the
+  earlier sentence), ordered so that i < j. When the model flags exactly two sentences of story k
+  (belief >= 0.5) these are they, which is the pair the consistency metric checks; ``detected``
+  says whether both beliefs reach 0.5;
+- the states behind it are the nontrivial predictions (non-zero and not the attribute's default)
+  of every entity's effects at i and preconditions at j, the ones the verifiability metric checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trip_jax import schema
+
+THRESHOLD = 0.5
+
+
+def _story_arrays(values: Any, k: int, num_entities: int, num_sentences: int) -> np.ndarray:
+    """Story ``k`` of a [2, E, S, ...] array or of a pair of per-story arrays, cut to real rows."""
+    array = np.asarray(values[k])
+    if array.shape[0] < num_entities or array.shape[1] < num_sentences:
+        raise ValueError(f"story {k} predictions have shape {array.shape[:2]}, expected at least "
+                         f"({num_entities}, {num_sentences}) for its entities and sentences")
+    return array[:num_entities, :num_sentences]
+
+
+def _states(pred: np.ndarray, entities: Sequence[str], sentence: int, side: str) -> list[dict]:
+    """The nontrivial predictions of one side at one sentence, one dict per (entity, attribute)."""
+    default = schema.default_values_array()
+    found = []
+    for e, entity in enumerate(entities):
+        for a in np.flatnonzero((pred[e, sentence] != 0) & (pred[e, sentence] != default)):
+            attr = schema.ATTRIBUTES[a]
+            label = int(pred[e, sentence, a])
+            found.append({"entity": entity, "sentence": sentence, "side": side,
+                          "attribute": attr, "label": label,
+                          "value": schema.label_name(attr, label)})
+    return found
+
+
+def explain_pair(story_pred: int, conflict_prob: Any, pre_pred: Any, eff_pred: Any,
+                 entities: Sequence[Sequence[str]],
+                 sentences: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """Returns a JSON-ready explanation of one pair's predictions (rules in the module docstring).
+
+    Args:
+      story_pred: index of the story predicted plausible (0 or 1).
+      conflict_prob: beliefs [2, E, S], or one [E_k, S_k] array per story.
+      pre_pred, eff_pred: predicted labels [2, E, S, 20], or one [E_k, S_k, 20] array per story.
+        Arrays may be padded; they are cut to each story's entities and sentences.
+      entities: the entity names of each story; sentences: the sentences of each story.
+
+    Returns:
+      {"plausible_story", "implausible_story", "conflict": {"evidence", "breakpoint",
+      "evidence_sentence", "breakpoint_sentence", "beliefs", "detected"}, "states": [{"entity",
+      "sentence", "side", "attribute", "label", "value"}], "text"}.
+    """
+    if story_pred not in (0, 1):
+        raise ValueError(f"story_pred must be 0 or 1, got {story_pred}")
+    k = 1 - int(story_pred)
+    names, story = list(entities[k]), list(sentences[k])
+    if len(story) < 2:
+        raise ValueError(f"story {k} has {len(story)} sentence(s); a conflict needs two")
+    probs = _story_arrays(conflict_prob, k, len(names), len(story))
+    beliefs = probs.max(axis=0) if names else np.zeros(len(story))
+    # Stable sort on negated beliefs: highest first, earlier sentence first among ties.
+    i, j = sorted(int(s) for s in np.argsort(-beliefs, kind="stable")[:2])
+    states = (_states(_story_arrays(eff_pred, k, len(names), len(story)), names, i, "effect")
+              + _states(_story_arrays(pre_pred, k, len(names), len(story)), names, j,
+                        "precondition"))
+    explanation = {
+        "plausible_story": int(story_pred),
+        "implausible_story": k,
+        "conflict": {
+            "evidence": i, "breakpoint": j,
+            "evidence_sentence": story[i], "breakpoint_sentence": story[j],
+            "beliefs": [float(beliefs[i]), float(beliefs[j])],
+            "detected": bool(beliefs[i] >= THRESHOLD and beliefs[j] >= THRESHOLD),
+        },
+        "states": states,
+    }
+    explanation["text"] = explanation_text(explanation)
+    return explanation
+
+
+def _mention(entity: str) -> str:
+    """'the phone' for objects; names (capitalised, as the data writes humans) stay bare."""
+    return entity if entity[:1].isupper() else f"the {entity}"
+
+
+def _join(words: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def explanation_text(explanation: dict[str, Any]) -> str:
+    """Returns an ``explain_pair`` dict in words (1-based sentence numbers)."""
+    c = explanation["conflict"]
+    i, j = c["evidence"] + 1, c["breakpoint"] + 1
+    head = (f"Story {explanation['plausible_story'] + 1} is plausible. "
+            f"In story {explanation['implausible_story'] + 1}, sentences {i} and {j} conflict")
+    if not c["detected"]:
+        head += " (weakly: the model's belief is below 0.5)"
+    by_entity: dict[tuple[str, str], list[str]] = {}
+    for state in explanation["states"]:
+        by_entity.setdefault((state["side"], state["entity"]), []).append(state["value"])
+    effects = [f"after sentence {i} {_mention(entity)} is {_join(values)}"
+               for (side, entity), values in by_entity.items() if side == "effect"]
+    preconditions = [f"sentence {j} needs {_mention(entity)} to be {_join(values)}"
+                     for (side, entity), values in by_entity.items() if side == "precondition"]
+    if not effects and not preconditions:
+        return head + "; no predicted physical state supports it."
+    return head + ": " + "; ".join(effects + preconditions) + "."

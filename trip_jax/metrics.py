@@ -1,0 +1,263 @@
+"""TRIP's tiered metrics in pure numpy (DESIGN.md §3): accuracy, consistency, verifiability, F1s.
+
+Inputs follow the batch contract with the pair axis first: N pairs, 2 stories, E entities,
+S sentences, 20 attributes. Stories of a pair may have different entity and sentence counts, so
+every array is padded and ``mask`` (bool [N, 2, E, S]) says which (entity, sentence) rows are real.
+Callers drop padding *pairs* before calling (keep ``pair_mask``).
+
+Per pair, with the implausible story k = 1 - story_label:
+
+- **correct**: ``story_pred == story_label``.
+- **conflict set**: the sentence indices s with ``conflict_prob >= 0.5`` on a real row of *any*
+  story and entity (predicted), or with ``conflict_label == 1`` (gold). The gold set of a pair is
+  {i, j} (evidence i < breakpoint j); a pair whose gold set does not have exactly two sentences
+  can never be scored conflict-correct.
+- **conflict correct**: predicted set == gold set and both have exactly two sentences.
+- **states correct**: in story k, over all real entities, every *nontrivial* prediction (non-zero
+  and not the attribute's default value) of the effects at i and of the preconditions at j equals
+  its gold label, and at least one such prediction exists. A correct prediction of the default
+  value is ignored: it neither supports nor breaks verifiability.
+- **consistent** = correct and conflict correct; **verifiable** = consistent and states correct;
+  so accuracy >= consistency >= verifiability always.
+
+Macro-F1 (Table 4): for each attribute, over the real rows of both stories, the F1 of every class
+that occurs in the gold labels or the predictions (scikit-learn's ``average="macro"`` rule; a
+class predicted but never gold scores 0), averaged over those classes; ``precondition_f1`` and
+``effect_f1`` average the 20 per-attribute scores. ``conflict_f1`` is the same macro-F1 over the
+classes {0, 1} of the thresholded conflict beliefs at real (story, entity, sentence) rows;
+``conflict_f1_positive`` is the F1 of class 1 alone.
+
+Failure modes (Figure 3): every pair falls in one of 8 cells story right/wrong x conflict
+right/wrong x states right/wrong, with "conflict" and "states" as defined above (independent of
+the story prediction).
+
+State contribution (Figure 5): per attribute, the nontrivial correct state predictions
+(preconditions and effects, real rows, both stories), and how many of them sit in a correctly
+detected conflict: a *consistent* pair, in its implausible story, at the evidence or breakpoint
+sentence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from trip_jax import schema
+
+THRESHOLD = 0.5
+
+
+def _as_arrays(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
+               eff_label, eff_pred, mask) -> dict[str, np.ndarray]:
+    """Converts and checks the inputs of the metric functions; returns them in a dict."""
+    a = {
+        "story_label": np.asarray(story_label, dtype=np.int64),
+        "story_pred": np.asarray(story_pred, dtype=np.int64),
+        "conflict_label": np.asarray(conflict_label) != 0,
+        "conflict_prob": np.asarray(conflict_prob, dtype=np.float64),
+        "pre_label": np.asarray(pre_label, dtype=np.int64),
+        "pre_pred": np.asarray(pre_pred, dtype=np.int64),
+        "eff_label": np.asarray(eff_label, dtype=np.int64),
+        "eff_pred": np.asarray(eff_pred, dtype=np.int64),
+    }
+    rows = a["conflict_label"].shape
+    if len(rows) != 4 or rows[1] != 2:
+        raise ValueError(f"conflict_label must be [N, 2, E, S], got shape {rows}")
+    n = rows[0]
+    if n == 0:
+        raise ValueError("no pairs to score")
+    a["mask"] = np.ones(rows, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    for key in ("story_label", "story_pred"):
+        if a[key].shape != (n,):
+            raise ValueError(f"{key} must be [{n}], got shape {a[key].shape}")
+    if not np.isin(a["story_label"], (0, 1)).all() or not np.isin(a["story_pred"], (0, 1)).all():
+        raise ValueError("story_label and story_pred must hold 0 or 1")
+    for key in ("conflict_prob", "mask"):
+        if a[key].shape != rows:
+            raise ValueError(f"{key} must have shape {rows}, got {a[key].shape}")
+    for key in ("pre_label", "pre_pred", "eff_label", "eff_pred"):
+        if a[key].shape != rows + (schema.NUM_ATTRIBUTES,):
+            raise ValueError(f"{key} must have shape {rows + (schema.NUM_ATTRIBUTES,)}, "
+                             f"got {a[key].shape}")
+        if a[key].size and (a[key].min() < 0 or (a[key] >= schema.num_classes_array()).any()):
+            raise ValueError(f"{key} holds a label outside its attribute's classes")
+    return a
+
+
+def _pair_outcomes(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-pair booleans and conflict sets from checked arrays (see ``pair_outcomes``)."""
+    mask = a["mask"]
+    n = mask.shape[0]
+    pred_sentences = ((a["conflict_prob"] >= THRESHOLD) & mask).any(axis=(1, 2))  # [N, S]
+    gold_sentences = (a["conflict_label"] & mask).any(axis=(1, 2))
+    gold_is_pair = gold_sentences.sum(axis=-1) == 2
+    conflict_correct = gold_is_pair & (pred_sentences == gold_sentences).all(axis=-1)
+
+    # Evidence i = first gold sentence, breakpoint j = last; only meaningful where gold_is_pair.
+    s = gold_sentences.shape[-1]
+    i = np.argmax(gold_sentences, axis=-1)
+    j = s - 1 - np.argmax(gold_sentences[:, ::-1], axis=-1)
+    ar = np.arange(n)
+    k = 1 - a["story_label"]
+    default = schema.default_values_array()
+
+    def side(pred, label, sentence):
+        # [N, E, 20] predictions of story k at one sentence per pair, with their real-row mask.
+        p = pred[ar, k, :, sentence]
+        nontrivial = (p != 0) & (p != default) & mask[ar, k, :, sentence][..., None]
+        wrong = nontrivial & (p != label[ar, k, :, sentence])
+        return nontrivial.any(axis=(1, 2)), wrong.any(axis=(1, 2))
+
+    found_eff, wrong_eff = side(a["eff_pred"], a["eff_label"], i)
+    found_pre, wrong_pre = side(a["pre_pred"], a["pre_label"], j)
+    states_correct = gold_is_pair & (found_eff | found_pre) & ~(wrong_eff | wrong_pre)
+
+    correct = a["story_pred"] == a["story_label"]
+    consistent = correct & conflict_correct
+    return {
+        "correct": correct,
+        "conflict_correct": conflict_correct,
+        "states_correct": states_correct,
+        "consistent": consistent,
+        "verifiable": consistent & states_correct,
+        "predicted_sentences": pred_sentences,
+        "gold_sentences": gold_sentences,
+    }
+
+
+def pair_outcomes(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
+                  eff_label, eff_pred, mask=None) -> dict[str, np.ndarray]:
+    """Returns the per-pair results behind the metrics, for predictions files and analyses.
+
+    Same arguments as ``tiered_metrics``. Keys: ``correct``, ``conflict_correct``,
+    ``states_correct``, ``consistent``, ``verifiable`` (bool [N]) and ``predicted_sentences``,
+    ``gold_sentences`` (bool [N, S]: the predicted and gold conflict sets). ``outcome_record``
+    turns one pair of it into a JSON-ready dict.
+    """
+    return _pair_outcomes(_as_arrays(story_label, story_pred, conflict_label, conflict_prob,
+                                     pre_label, pre_pred, eff_label, eff_pred, mask))
+
+
+def outcome_record(outcomes: dict[str, np.ndarray], n: int) -> dict[str, Any]:
+    """Returns pair ``n`` of ``pair_outcomes(...)`` as plain Python values (JSON-ready)."""
+    record: dict[str, Any] = {key: bool(outcomes[key][n]) for key in (
+        "correct", "consistent", "verifiable", "conflict_correct", "states_correct")}
+    for key, source in (("predicted_conflict", "predicted_sentences"),
+                        ("gold_conflict", "gold_sentences")):
+        record[key] = [int(s) for s in np.flatnonzero(outcomes[source][n])]
+    return record
+
+
+def _macro_f1(true: np.ndarray, pred: np.ndarray, num_classes: int) -> float:
+    """Macro-F1 over the classes present in ``true`` or ``pred`` (nan when both are empty)."""
+    if true.size == 0:
+        return float("nan")
+    confusion = np.bincount(true * num_classes + pred, minlength=num_classes * num_classes)
+    confusion = confusion.reshape(num_classes, num_classes)
+    tp = np.diag(confusion)
+    gold = confusion.sum(axis=1)
+    predicted = confusion.sum(axis=0)
+    present = (gold + predicted) > 0
+    return float(np.mean(2 * tp[present] / (gold[present] + predicted[present])))
+
+
+def _binary_f1(true: np.ndarray, pred: np.ndarray) -> float:
+    """F1 of the positive class (0 when there are neither gold nor predicted positives)."""
+    tp = np.sum(true & pred)
+    denominator = np.sum(true) + np.sum(pred)
+    return float(2 * tp / denominator) if denominator else 0.0
+
+
+def _state_f1(label: np.ndarray, pred: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """Per-attribute macro-F1 of one side (preconditions or effects) over real rows."""
+    true_rows, pred_rows = label[mask], pred[mask]  # [R, 20]
+    return {attr: _macro_f1(true_rows[:, a], pred_rows[:, a], schema.NUM_CLASSES[a])
+            for a, attr in enumerate(schema.ATTRIBUTES)}
+
+
+def _failure_modes(outcomes: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Counts and fractions of the 8 story x conflict x states right/wrong cells (Figure 3)."""
+    n = outcomes["correct"].shape[0]
+    modes = []
+    for story, conflict, states in itertools.product((True, False), repeat=3):
+        count = int(np.sum((outcomes["correct"] == story)
+                           & (outcomes["conflict_correct"] == conflict)
+                           & (outcomes["states_correct"] == states)))
+        modes.append({"story": story, "conflict": conflict, "states": states,
+                      "count": count, "fraction": count / n})
+    return modes
+
+
+def _state_contribution(a: dict[str, np.ndarray], outcomes: dict[str, np.ndarray],
+                        pre_f1: dict[str, float], eff_f1: dict[str, float]) -> dict[str, dict]:
+    """Per attribute: nontrivial correct predictions, share in detected conflicts (Figure 5)."""
+    mask = a["mask"]
+    n, s = mask.shape[0], mask.shape[-1]
+    # Rows that sit in a correctly detected conflict: consistent pair, story k, sentence i or j.
+    in_conflict = np.zeros((n, 2, s), dtype=bool)
+    k = 1 - a["story_label"]
+    in_conflict[np.arange(n), k] = outcomes["consistent"][:, None] & outcomes["gold_sentences"]
+    in_conflict = np.broadcast_to(in_conflict[:, :, None, :], mask.shape)
+    default = schema.default_values_array()
+    correct = np.zeros(schema.NUM_ATTRIBUTES, dtype=np.int64)
+    supporting = np.zeros(schema.NUM_ATTRIBUTES, dtype=np.int64)
+    for side in ("pre", "eff"):
+        pred = a[f"{side}_pred"]
+        hit = (pred == a[f"{side}_label"]) & (pred != 0) & (pred != default) & mask[..., None]
+        correct += hit.sum(axis=(0, 1, 2, 3))
+        supporting += (hit & in_conflict[..., None]).sum(axis=(0, 1, 2, 3))
+    return {
+        attr: {
+            "correct": int(correct[x]),
+            "in_detected_conflicts": int(supporting[x]),
+            "share": float(supporting[x] / correct[x]) if correct[x] else float("nan"),
+            "f1": (pre_f1[attr] + eff_f1[attr]) / 2,
+        }
+        for x, attr in enumerate(schema.ATTRIBUTES)
+    }
+
+
+def tiered_metrics(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
+                   eff_label, eff_pred, mask=None) -> dict[str, Any]:
+    """Scores tiered predictions with TRIP's metrics (definitions in the module docstring).
+
+    Args:
+      story_label, story_pred: int [N], index of the plausible story (gold / predicted).
+      conflict_label: {0, 1} [N, 2, E, S]; conflict_prob: float [N, 2, E, S] beliefs (>= 0.5
+        counts as a predicted conflicting sentence).
+      pre_label, pre_pred, eff_label, eff_pred: int [N, 2, E, S, 20] state labels/predictions.
+      mask: bool [N, 2, E, S] real (entity, sentence) rows, or None when every row is real.
+
+    Returns:
+      A dict: ``num_pairs``; ``accuracy``, ``consistency``, ``verifiability`` (fractions);
+      ``precondition_f1``, ``effect_f1`` (macro, averaged over attributes) and
+      ``precondition_f1_per_attribute``, ``effect_f1_per_attribute`` ({attribute: F1});
+      ``conflict_f1``, ``conflict_f1_positive``; ``failure_modes`` (8 dicts with ``story``,
+      ``conflict``, ``states`` booleans, ``count``, ``fraction``); ``state_contribution``
+      ({attribute: {correct, in_detected_conflicts, share, f1}}). Per-pair results:
+      ``pair_outcomes``.
+    """
+    a = _as_arrays(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
+                   eff_label, eff_pred, mask)
+    outcomes = _pair_outcomes(a)
+    mask = a["mask"]
+    pre_f1 = _state_f1(a["pre_label"], a["pre_pred"], mask)
+    eff_f1 = _state_f1(a["eff_label"], a["eff_pred"], mask)
+    conflict_true = a["conflict_label"][mask]
+    conflict_pred = a["conflict_prob"][mask] >= THRESHOLD
+    return {
+        "num_pairs": int(mask.shape[0]),
+        "accuracy": float(outcomes["correct"].mean()),
+        "consistency": float(outcomes["consistent"].mean()),
+        "verifiability": float(outcomes["verifiable"].mean()),
+        "precondition_f1": float(np.nanmean(list(pre_f1.values()))) if mask.any() else float("nan"),
+        "effect_f1": float(np.nanmean(list(eff_f1.values()))) if mask.any() else float("nan"),
+        "precondition_f1_per_attribute": pre_f1,
+        "effect_f1_per_attribute": eff_f1,
+        "conflict_f1": _macro_f1(conflict_true.astype(np.int64), conflict_pred.astype(np.int64), 2),
+        "conflict_f1_positive": _binary_f1(conflict_true, conflict_pred),
+        "failure_modes": _failure_modes(outcomes),
+        "state_contribution": _state_contribution(a, outcomes, pre_f1, eff_f1),
+    }

@@ -1,0 +1,174 @@
+"""The random tiered baseline of Tables 2-3: random predictions at every tier, averaged over seeds.
+
+Sampling, per pair and seed (scheme ``"tiered"``, the default):
+
+- story: the plausible story is 0 or 1 with probability 1/2;
+- conflict: in the story predicted implausible, one pair of distinct real sentences (i < j),
+  uniform over all pairs, flagged (belief 1) for one real entity drawn uniformly; nothing else
+  is flagged. This is a prediction the tiered model could make: its story choice follows from
+  where it puts conflict beliefs;
+- states: every precondition and effect of every real (entity, sentence) row of both stories is
+  drawn uniformly from its attribute's classes (3, or 9 for ``location``).
+
+Scheme ``"reference"`` samples conflicts as the authors' notebook did for the paper's figure:
+for *every* real entity of the *gold* implausible story, two distinct sentences drawn uniformly
+(story and states as above). Scored with DESIGN.md §3 (exact conflict set, over all entities and
+both stories) it almost never matches: the union of many random pairs covers most sentences.
+The paper's 49.5 / 10.7 / 0.0 on test came from that notebook's own scoring, which compared only
+the two smallest predicted sentences with the gold pair and did not require the story to be
+right for consistency; ``tiered_metrics`` does neither. Both schemes are scored by
+``trip_jax.metrics.tiered_metrics`` only.
+
+Measured on ``test.cgli.jsonl`` (351 pairs, seeds 0-9), accuracy / consistency / verifiability:
+``tiered`` 50.7 / 5.0 / 0.0 (consistency is expected near 1/2 x 1/C(S, 2) = 4.9% for 5-7
+sentence stories), ``reference`` 50.7 / 0.0 / 0.0; paper: 49.5 / 10.7 / 0.0.
+
+CLI: ``python -m trip_jax.random_baseline --data_dir=DIR --split=test [--seeds=10] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trip_jax import metrics, schema
+from trip_jax.data.labels import conflict_labels
+from trip_jax.data.types import StoryPair
+
+SCHEMES = ("tiered", "reference")
+SCALAR_METRICS = ("accuracy", "consistency", "verifiability", "precondition_f1", "effect_f1",
+                  "conflict_f1", "conflict_f1_positive")
+
+
+def label_arrays(pairs: Sequence[StoryPair]) -> dict[str, np.ndarray]:
+    """Stacks the gold labels of typed pairs into padded arrays for ``tiered_metrics``.
+
+    Returns ``story_label`` [N], ``conflict_label`` [N, 2, E, S], ``pre_label`` and ``eff_label``
+    [N, 2, E, S, 20] and ``mask`` [N, 2, E, S], with E and S the largest entity and sentence counts
+    of any story (padding is zero and masked out).
+    """
+    if not pairs:
+        raise ValueError("no pairs given")
+    stories = [story for pair in pairs for story in pair.stories]
+    e = max(max(story.num_entities for story in stories), 1)
+    s = max(story.num_sentences for story in stories)
+    n = len(pairs)
+    out = {
+        "story_label": np.asarray([pair.label for pair in pairs], dtype=np.int32),
+        "conflict_label": np.zeros((n, 2, e, s), dtype=np.int32),
+        "pre_label": np.zeros((n, 2, e, s, schema.NUM_ATTRIBUTES), dtype=np.int32),
+        "eff_label": np.zeros((n, 2, e, s, schema.NUM_ATTRIBUTES), dtype=np.int32),
+        "mask": np.zeros((n, 2, e, s), dtype=bool),
+    }
+    for x, pair in enumerate(pairs):
+        for k, story in enumerate(pair.stories):
+            ne, ns = story.num_entities, story.num_sentences
+            states = story.states[:ne, :ns]
+            out["pre_label"][x, k, :ne, :ns] = states[..., 0, :]
+            out["eff_label"][x, k, :ne, :ns] = states[..., 1, :]
+            out["conflict_label"][x, k, :ne, :ns] = conflict_labels(story)
+            out["mask"][x, k, :ne, :ns] = True
+    return out
+
+
+def random_predictions(labels: dict[str, np.ndarray], rng: np.random.Generator,
+                       scheme: str = "tiered") -> dict[str, np.ndarray]:
+    """Draws one set of random tiered predictions for ``label_arrays(...)`` (module docstring).
+
+    Returns ``story_pred`` [N], ``conflict_prob`` [N, 2, E, S] (0 or 1), ``pre_pred`` and
+    ``eff_pred`` [N, 2, E, S, 20] (0 on padded rows).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
+    mask = labels["mask"]
+    n = mask.shape[0]
+    num_classes = schema.num_classes_array()
+    story_pred = rng.integers(0, 2, size=n)
+    states = {}
+    for side in ("pre_pred", "eff_pred"):
+        draw = np.floor(rng.random(mask.shape + (schema.NUM_ATTRIBUTES,)) * num_classes)
+        states[side] = (draw.astype(np.int32) * mask[..., None]).astype(np.int32)
+
+    conflict_prob = np.zeros(mask.shape, dtype=np.float32)
+    for x in range(n):
+        if scheme == "tiered":
+            k = 1 - story_pred[x]
+            entities = np.flatnonzero(mask[x, k].any(axis=1))
+            chosen = [rng.choice(entities)] if entities.size else []
+        else:
+            k = 1 - labels["story_label"][x]
+            chosen = np.flatnonzero(mask[x, k].any(axis=1))
+        sentences = np.flatnonzero(mask[x, k].any(axis=0))
+        if sentences.size < 2:
+            continue
+        for entity in chosen:
+            conflict_prob[x, k, entity, rng.choice(sentences, size=2, replace=False)] = 1.0
+    return {"story_pred": story_pred, "conflict_prob": conflict_prob, **states}
+
+
+def random_baseline(pairs: Sequence[StoryPair], seeds: int = 10,
+                    scheme: str = "tiered") -> dict[str, Any]:
+    """Scores random tiered predictions on ``pairs`` with seeds 0..seeds-1 and averages them.
+
+    Returns the mean of every scalar metric (``accuracy``, ``consistency``, ``verifiability``,
+    ``precondition_f1``, ``effect_f1``, ``conflict_f1``, ``conflict_f1_positive``) at the top level,
+    their standard deviations under ``std``, each seed's values under ``per_seed``, and
+    ``num_pairs``, ``seeds``, ``scheme``.
+    """
+    if seeds < 1:
+        raise ValueError("seeds must be at least 1")
+    labels = label_arrays(pairs)
+    per_seed = []
+    for seed in range(seeds):
+        preds = random_predictions(labels, np.random.default_rng(seed), scheme)
+        scores = metrics.tiered_metrics(
+            labels["story_label"], preds["story_pred"], labels["conflict_label"],
+            preds["conflict_prob"], labels["pre_label"], preds["pre_pred"], labels["eff_label"],
+            preds["eff_pred"], labels["mask"])
+        per_seed.append({key: scores[key] for key in SCALAR_METRICS})
+    result: dict[str, Any] = {
+        key: float(np.mean([row[key] for row in per_seed])) for key in SCALAR_METRICS}
+    result["std"] = {key: float(np.std([row[key] for row in per_seed])) for key in SCALAR_METRICS}
+    result.update(per_seed=per_seed, num_pairs=len(pairs), seeds=seeds, scheme=scheme)
+    return result
+
+
+def _summary(result: dict[str, Any], split: str) -> str:
+    """One readable block of the baseline's mean ± std, in percent."""
+    lines = [f"random baseline on {split}: {result['num_pairs']} pairs, {result['seeds']} seeds, "
+             f"scheme {result['scheme']}"]
+    for key in SCALAR_METRICS:
+        lines.append(f"  {key:<21} {100 * result[key]:5.1f} ± {100 * result['std'][key]:.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry: prints the random baseline of one split (``--json`` for machine output)."""
+    parser = argparse.ArgumentParser(prog="python -m trip_jax.random_baseline",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--data_dir", required=True, help="directory holding the TRIP files")
+    parser.add_argument("--split", default="test", help="partition to score (default: test)")
+    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (default: 10)")
+    parser.add_argument("--scheme", choices=SCHEMES, default="tiered",
+                        help="how conflicts are sampled (see the module docstring)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    # Imported here so that scoring typed pairs does not pull in the file readers.
+    from trip_jax.data.readers import load_split
+
+    pairs = load_split(args.data_dir, args.split)
+    result = random_baseline(pairs, seeds=args.seeds, scheme=args.scheme)
+    if args.json:
+        print(json.dumps({"split": args.split, **result}, indent=2))
+    else:
+        print(_summary(result, args.split))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

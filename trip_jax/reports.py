@@ -1,0 +1,222 @@
+"""Evaluation reports: metrics as JSON and Markdown tables, plots, predictions, data-file hashes.
+
+``write_report(out_dir, split, metrics, metadata, records)`` writes, for a metrics dict from
+``trip_jax.metrics.tiered_metrics``:
+
+- ``SPLIT.json``: the metadata (checkpoint step, protocol, data-file hashes, ...) and all metrics;
+- ``SPLIT.md``: tables laid out like the paper's Tables 2-3 (accuracy / consistency /
+  verifiability) and Table 4 (precondition / effect / conflict F1), then the failure modes
+  (Figure 3) and the per-attribute scores (Figure 5);
+- ``SPLIT.failure_modes.png`` and ``SPLIT.attributes.png`` (matplotlib, Agg canvas);
+- ``SPLIT.predictions.jsonl`` when per-pair records are given (one JSON object a line).
+
+Plots use ``matplotlib.figure.Figure`` directly, never pyplot, so no global backend is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pathlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from trip_jax import schema
+
+RIGHT, WRONG = "#4c9a5b", "#c8553d"
+
+
+def file_sha256(path: str | pathlib.Path) -> str:
+    """Returns the hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def data_file_hashes(paths: Iterable[str | pathlib.Path]) -> dict[str, str]:
+    """Returns {path as given: sha256} for the data files an evaluation read."""
+    return {str(path): file_sha256(path) for path in paths}
+
+
+def to_jsonable(value: Any) -> Any:
+    """Converts numpy values, tuples and NaN/inf (to None) into strict-JSON Python values."""
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, pathlib.Path):
+        return str(value)
+    return value
+
+
+def write_predictions(path: str | pathlib.Path,
+                      records: Iterable[Mapping[str, Any]]) -> pathlib.Path:
+    """Writes one JSON object per line (e.g. ``metrics.outcome_record`` + an explanation)."""
+    path = pathlib.Path(path)
+    with open(path, "w") as f:
+        for record in records:
+            f.write(json.dumps(to_jsonable(record), allow_nan=False) + "\n")
+    return path
+
+
+def _pct(value: Any) -> str:
+    """A fraction as a percentage with one decimal, or '–' when missing/undefined."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{100 * value:.1f}"
+
+
+def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[str, Any],
+                     baselines: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """Returns the Markdown report: run facts, Tables 2-4 layout, failure modes, attributes.
+
+    ``metadata`` keys shown when present: ``model`` (row name, default "model"),
+    ``checkpoint_step``, ``checkpoint``, ``protocol``, ``data_files`` ({path: sha256}).
+    ``baselines`` ({row name: metrics-like dict}) adds comparison rows, e.g. the random baseline.
+    """
+    name = str(metadata.get("model", "model"))
+    rows = {**(baselines or {}), name: metrics}
+    lines = [f"# TRIP evaluation: {split}", ""]
+    for key, label in (("model", "model"), ("checkpoint", "checkpoint"),
+                       ("checkpoint_step", "checkpoint step"), ("protocol", "protocol")):
+        if key in metadata:
+            lines.append(f"- {label}: {metadata[key]}")
+    lines.append(f"- pairs: {metrics['num_pairs']}")
+    for path, digest in metadata.get("data_files", {}).items():
+        lines.append(f"- data file `{path}` sha256 `{digest}`")
+    lines += ["", "## Tiered metrics (layout of Tables 2-3)", "",
+              "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |",
+              "|---|---:|---:|---:|"]
+    for row, m in rows.items():
+        lines.append(f"| {row} | {_pct(m.get('accuracy'))} | {_pct(m.get('consistency'))} "
+                     f"| {_pct(m.get('verifiability'))} |")
+    lines += ["", "## Low-level tasks, macro-F1 (layout of Table 4)", "",
+              "| Model | Prec. F1 (%) | Eff. F1 (%) | Confl. F1 (%) |", "|---|---:|---:|---:|"]
+    for row, m in rows.items():
+        lines.append(f"| {row} | {_pct(m.get('precondition_f1'))} | {_pct(m.get('effect_f1'))} "
+                     f"| {_pct(m.get('conflict_f1'))} |")
+    lines += ["", "## Failure modes (Figure 3)", "",
+              "| Story | Conflict | States | Pairs | Share (%) |", "|---|---|---|---:|---:|"]
+    for mode in metrics["failure_modes"]:
+        marks = ["right" if mode[k] else "wrong" for k in ("story", "conflict", "states")]
+        lines.append(f"| {' | '.join(marks)} | {mode['count']} | {_pct(mode['fraction'])} |")
+    lines += ["", "## Per attribute (Figure 5)", "",
+              "Correct states: nontrivial (non-zero, non-default) correct predictions, "
+              "preconditions and effects; in conflicts: the share of them at the evidence or "
+              "breakpoint sentence of a consistent pair's implausible story.", "",
+              "| Attribute | Prec. F1 (%) | Eff. F1 (%) | Correct states | In conflicts (%) |",
+              "|---|---:|---:|---:|---:|"]
+    for attr in schema.ATTRIBUTES:
+        c = metrics["state_contribution"][attr]
+        lines.append(f"| {attr} | {_pct(metrics['precondition_f1_per_attribute'][attr])} "
+                     f"| {_pct(metrics['effect_f1_per_attribute'][attr])} | {c['correct']} "
+                     f"| {_pct(c['share'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_failure_modes(metrics: Mapping[str, Any], path: str | pathlib.Path,
+                       title: str = "") -> pathlib.Path:
+    """Draws Figure 3's breakdown as a sunburst: story (inner), conflict, states (outer ring)."""
+    modes = metrics["failure_modes"]
+    counts = np.array([m["count"] for m in modes], dtype=float)  # story, conflict, states order
+    if counts.sum() == 0:
+        raise ValueError("no pairs in the failure modes")
+    fig = Figure(figsize=(7, 6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    rings = [(counts.reshape(2, 4).sum(1), [RIGHT, WRONG], 0.3),
+             (counts.reshape(4, 2).sum(1), [RIGHT, WRONG] * 2, 0.6),
+             (counts, [RIGHT, WRONG] * 4, 0.9)]
+    for values, colors, radius in rings:
+        ax.pie(values, radius=radius, colors=colors, startangle=90, counterclock=False,
+               wedgeprops={"width": 0.3, "edgecolor": "white", "alpha": 0.55 + radius / 2})
+    total = counts.sum()
+    labels = [f"story {'✓' if m['story'] else '✗'}  conflict {'✓' if m['conflict'] else '✗'}  "
+              f"states {'✓' if m['states'] else '✗'}: {100 * m['count'] / total:.1f}%"
+              for m in modes]
+    handles = [ax.patches[len(ax.patches) - 8 + x] for x in range(8)]
+    ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+              title="inner: story · middle: conflict · outer: states", title_fontsize=8)
+    ax.set_title(title or "Failure modes")
+    ax.set_aspect("equal")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return pathlib.Path(path)
+
+
+def plot_attribute_f1(metrics: Mapping[str, Any], path: str | pathlib.Path,
+                      title: str = "") -> pathlib.Path:
+    """Draws Figure 5: per attribute, correct states in/out of detected conflicts, F1 as stars."""
+    contribution = metrics["state_contribution"]
+    attrs = list(schema.ATTRIBUTES)
+    share = np.array([contribution[a]["share"] for a in attrs], dtype=float)
+    has = np.isfinite(share)
+    inside = np.where(has, share, 0.0)
+    outside = np.where(has, 1.0 - share, 0.0)
+    f1 = np.array([contribution[a]["f1"] for a in attrs], dtype=float)
+    x = np.arange(len(attrs))
+    fig = Figure(figsize=(11, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.bar(x, inside, color=RIGHT, label="in a detected conflict")
+    ax.bar(x, outside, bottom=inside, color="#b9c4cc", label="elsewhere")
+    ax.scatter(x, f1, marker="*", s=120, color="#1f4e9c", zorder=3,
+               label="macro-F1 (precondition, effect mean)")
+    for xi, a in zip(x, attrs, strict=True):
+        ax.text(xi, 1.02, str(contribution[a]["correct"]), ha="center", fontsize=7)
+    ax.set_xticks(x, attrs, rotation=60, ha="right")
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("share of correct nontrivial states / F1")
+    ax.set_title(title or "Correct states by attribute (numbers: count)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return pathlib.Path(path)
+
+
+def write_report(out_dir: str | pathlib.Path, split: str, metrics: Mapping[str, Any],
+                 metadata: Mapping[str, Any] | None = None,
+                 records: Iterable[Mapping[str, Any]] | None = None,
+                 baselines: Mapping[str, Mapping[str, Any]] | None = None,
+                 ) -> dict[str, pathlib.Path]:
+    """Writes the JSON, Markdown, plots and (if ``records``) predictions of one split.
+
+    Args:
+      out_dir: directory to write into (created if missing).
+      split: split name, used as the file stem (``test`` -> ``test.json`` ...).
+      metrics: ``tiered_metrics(...)`` output.
+      metadata: run facts stored in the JSON and shown in the Markdown, e.g. ``model``,
+        ``checkpoint_step``, ``protocol``, ``data_files`` (see ``data_file_hashes``).
+      records: per-pair JSON-ready dicts for ``SPLIT.predictions.jsonl``.
+      baselines: extra table rows ({name: metrics-like dict}), e.g. the random baseline.
+
+    Returns {"json", "markdown", "failure_modes_plot", "attributes_plot"[, "predictions"]: path}.
+    """
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metadata = dict(metadata or {})
+    paths = {"json": out / f"{split}.json", "markdown": out / f"{split}.md",
+             "failure_modes_plot": out / f"{split}.failure_modes.png",
+             "attributes_plot": out / f"{split}.attributes.png"}
+    document = {"split": split, **metadata, "metrics": metrics}
+    if baselines:
+        document["baselines"] = baselines
+    paths["json"].write_text(json.dumps(to_jsonable(document), indent=2, allow_nan=False) + "\n")
+    paths["markdown"].write_text(markdown_summary(split, metrics, metadata, baselines))
+    plot_failure_modes(metrics, paths["failure_modes_plot"], f"Failure modes ({split})")
+    plot_attribute_f1(metrics, paths["attributes_plot"],
+                      f"Correct states by attribute ({split}; numbers: count)")
+    if records is not None:
+        paths["predictions"] = write_predictions(out / f"{split}.predictions.jsonl", records)
+    return paths
