@@ -1,0 +1,375 @@
+"""Features: typed story pairs -> tokenized rows -> Batch arrays (the Batch contract).
+
+One encoder row per (story, entity, sentence): the tokenizer's sentence-pair encoding with the
+entity first and the sentence second (DESIGN.md §2). ``encode_pairs`` tokenizes every distinct
+(entity, sentence) text once and keeps each row's tokens unpadded, so the token length T is chosen
+later, per batch, from the data. Rows are never cut silently: ``truncation_report`` says how many
+rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a warning with that count.
+
+``build_batch`` lays a list of encoded pairs out in one of two layouts of the same arrays:
+- packed: only real rows are encoder rows, in (pair, story, entity, sentence) order; R is the real
+  row count rounded up to a bucket and ``row_index`` places each row in the flat (B, 2, E, S) grid;
+- dense (the reference's): every pair padded to E x S rows per story, R = B*2*E*S.
+``Buckets`` rounds E, T and R up to small sets of values so that jit sees few shapes; S is fixed
+(``max_sentences``). ``unpack_outputs`` slices per-row model outputs back to each pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from trip_jax import schema
+from trip_jax.data.labels import conflict_labels
+from trip_jax.data.tokenizers import tokenizer_info
+from trip_jax.data.types import Story, StoryPair
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_SENTENCES = 7
+LAYOUTS: tuple[str, ...] = ("packed", "dense")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EncodedStory:
+    """One story's rows, tokenized and unpadded, with its labels."""
+
+    num_entities: int
+    num_sentences: int
+    # Rows in (entity, sentence) order, entity-major; row r has tokens[offsets[r]:offsets[r+1]].
+    tokens: np.ndarray          # int32 [total tokens]
+    type_ids: np.ndarray        # int32 [total tokens]; zeros where the tokenizer has none
+    lengths: np.ndarray         # int32 [E*S]
+    states: np.ndarray          # int32 [E, S, 2, 20]
+    conflict_label: np.ndarray  # int32 [E, S]
+
+    @property
+    def num_rows(self) -> int:
+        """Number of encoder rows (entities x sentences)."""
+        return self.num_entities * self.num_sentences
+
+    @property
+    def max_length(self) -> int:
+        """Longest row in tokens (0 for a story without entities)."""
+        return int(self.lengths.max(initial=0))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EncodedPair:
+    """A story pair ready for batching; ``pad_id`` is the tokenizer's pad token id."""
+
+    pair_id: str
+    stories: tuple[EncodedStory, EncodedStory]
+    label: int
+    pad_id: int
+
+    @property
+    def num_entities(self) -> int:
+        """Entities of the larger story (the E this pair needs)."""
+        return max(s.num_entities for s in self.stories)
+
+    @property
+    def num_rows(self) -> int:
+        """Real encoder rows of both stories."""
+        return sum(s.num_rows for s in self.stories)
+
+    @property
+    def max_length(self) -> int:
+        """Longest row of both stories in tokens."""
+        return max(s.max_length for s in self.stories)
+
+
+@dataclasses.dataclass(frozen=True)
+class TruncationReport:
+    """How many rows a token length ``max_length`` cuts (rows counted once per pair they are in)."""
+
+    max_length: int
+    rows: int
+    cut_rows: int
+    longest: int
+
+    def __str__(self) -> str:
+        return (f"max_length={self.max_length} cuts {self.cut_rows} of {self.rows} rows "
+                f"({100.0 * self.cut_rows / max(self.rows, 1):.2f}%); longest row "
+                f"{self.longest} tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets:
+    """Sets of padded sizes: E from entity_min in steps of entity_step, T in multiples of
+    token_multiple, R from row_min upwards with rows_per_octave evenly spaced values per
+    doubling (16, 20, 24, 28, 32, 40, ... by default: at most 25% padding rows)."""
+
+    entity_min: int = 8
+    entity_step: int = 4
+    token_multiple: int = 8
+    row_min: int = 16
+    rows_per_octave: int = 4
+
+    def __post_init__(self):
+        for name in ("entity_min", "entity_step", "token_multiple", "row_min", "rows_per_octave"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Buckets.{name} must be >= 1, got {getattr(self, name)}")
+        if self.row_min % self.rows_per_octave:
+            raise ValueError(f"Buckets.row_min ({self.row_min}) must be a multiple of "
+                             f"rows_per_octave ({self.rows_per_octave})")
+
+    def entities(self, n: int) -> int:
+        """Smallest entity bucket >= n."""
+        return max(self.entity_min, _round_up(n, self.entity_step))
+
+    def tokens(self, n: int) -> int:
+        """Smallest token bucket >= n."""
+        return max(self.token_multiple, _round_up(n, self.token_multiple))
+
+    def rows(self, n: int) -> int:
+        """Smallest row bucket >= n."""
+        if n <= self.row_min:
+            return self.row_min
+        base = self.row_min
+        while base * 2 < n:
+            base *= 2
+        step = base // self.rows_per_octave
+        return base + _round_up(n - base, step)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def vocabulary_texts(pairs: Iterable[StoryPair]) -> list[str]:
+    """Returns every sentence and entity name of ``pairs`` (the texts a word-level tokenizer
+    builds its vocabulary from)."""
+    texts = []
+    for pair in pairs:
+        for story in pair.stories:
+            texts.extend(story.sentences)
+            texts.extend(story.entities)
+    return texts
+
+
+def _check_story(pair: StoryPair, story: Story, max_sentences: int) -> None:
+    """Raises a clear error where a story does not fit the feature layout."""
+    where = f"pair {pair.pair_id!r}, story {story.story_id!r}"
+    if story.num_sentences > max_sentences:
+        raise ValueError(f"{where} has {story.num_sentences} sentences, more than "
+                         f"max_sentences={max_sentences}; raise max_sentences in the config")
+    expected = (story.num_entities, story.num_sentences, 2, schema.NUM_ATTRIBUTES)
+    if story.states.shape != expected:
+        raise ValueError(f"{where}: states have shape {story.states.shape}, expected {expected}")
+
+
+def _tokenize(tokenizer, rows: Sequence[tuple[str, str]], uses_type_ids: bool,
+              max_length: int | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Sentence-pair encodes (entity, sentence) rows; truncates only when max_length is given."""
+    if not rows:
+        return [], []
+    encoded = tokenizer(
+        [entity for entity, _ in rows], [sentence for _, sentence in rows],
+        add_special_tokens=True, padding=False,
+        truncation=max_length is not None, max_length=max_length,
+        return_attention_mask=False, return_token_type_ids=uses_type_ids)
+    ids = [np.asarray(x, dtype=np.int32) for x in encoded["input_ids"]]
+    if uses_type_ids:
+        types = [np.asarray(x, dtype=np.int32) for x in encoded["token_type_ids"]]
+    else:
+        types = [np.zeros_like(x) for x in ids]
+    return ids, types
+
+
+def encode_pairs(pairs: Sequence[StoryPair], tokenizer, *,
+                 max_sentences: int = DEFAULT_MAX_SENTENCES,
+                 max_length: int | None = None) -> list[EncodedPair]:
+    """Tokenizes every (story, entity, sentence) row of ``pairs`` and attaches the labels.
+
+    Each distinct (entity, sentence) text is tokenized once (plausible stories recur across
+    pairs). Rows keep their full length unless ``max_length`` is given; then longer rows are cut
+    by the tokenizer (special tokens kept) and a warning gives the count. A story with more than
+    ``max_sentences`` sentences is an error.
+    """
+    info = tokenizer_info(tokenizer)
+    row_ids: dict[tuple[str, str], int] = {}
+    uses = []  # unique row id of every row of every story, in order
+    for pair in pairs:
+        for story in pair.stories:
+            _check_story(pair, story, max_sentences)
+            for entity in story.entities:
+                for sentence in story.sentences:
+                    uses.append(row_ids.setdefault((entity, sentence), len(row_ids)))
+    rows = list(row_ids)
+    ids, types = _tokenize(tokenizer, rows, info.uses_token_type_ids, None)
+    if max_length is not None:
+        lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
+        use_lengths = lengths[np.asarray(uses, dtype=np.int64)] if uses else lengths
+        report = _report(use_lengths, max_length)
+        if report.cut_rows:
+            logger.warning("token length: %s; the cut rows lose their sentence's last tokens",
+                           report)
+            long = np.flatnonzero(lengths > max_length)
+            cut_ids, cut_types = _tokenize(tokenizer, [rows[i] for i in long],
+                                           info.uses_token_type_ids, max_length)
+            for i, x, t in zip(long, cut_ids, cut_types):
+                ids[i], types[i] = x, t
+
+    encoded, cursor = [], 0
+    for pair in pairs:
+        stories = []
+        for story in pair.stories:
+            n = story.num_entities * story.num_sentences
+            story_rows = uses[cursor:cursor + n]
+            cursor += n
+            stories.append(_encoded_story(story, [ids[u] for u in story_rows],
+                                          [types[u] for u in story_rows]))
+        encoded.append(EncodedPair(pair.pair_id, tuple(stories), pair.label, info.pad_id))
+    return encoded
+
+
+def _encoded_story(story: Story, ids: list[np.ndarray], types: list[np.ndarray]) -> EncodedStory:
+    """Packs one story's tokenized rows and labels."""
+    empty = np.zeros(0, dtype=np.int32)
+    return EncodedStory(
+        num_entities=story.num_entities,
+        num_sentences=story.num_sentences,
+        tokens=np.concatenate(ids) if ids else empty,
+        type_ids=np.concatenate(types) if types else empty,
+        lengths=np.asarray([len(x) for x in ids], dtype=np.int32),
+        states=np.asarray(story.states, dtype=np.int32),
+        conflict_label=conflict_labels(story),
+    )
+
+
+def _report(lengths: np.ndarray, max_length: int) -> TruncationReport:
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    return TruncationReport(max_length=max_length, rows=int(lengths.size),
+                            cut_rows=int((lengths > max_length).sum()),
+                            longest=int(lengths.max(initial=0)))
+
+
+def truncation_report(encoded_pairs: Sequence[EncodedPair], max_length: int) -> TruncationReport:
+    """Says how many rows of (untruncated) ``encoded_pairs`` a token length cuts."""
+    lengths = [s.lengths for p in encoded_pairs for s in p.stories]
+    return _report(np.concatenate(lengths) if lengths else np.zeros(0, np.int32), max_length)
+
+
+def max_row_length(encoded_pairs: Iterable[EncodedPair]) -> int:
+    """Longest row of ``encoded_pairs`` in tokens: the T that cuts nothing."""
+    return max((p.max_length for p in encoded_pairs), default=0)
+
+
+def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], *,
+                layout: str, num_entities: int, seq_len: int, pad_id: int,
+                max_sentences: int = DEFAULT_MAX_SENTENCES,
+                num_rows: int | None = None) -> dict[str, np.ndarray]:
+    """Lays ``pairs`` out as one Batch dict (see the Batch contract); None marks a padding pair.
+
+    ``num_entities`` (E), ``seq_len`` (T) and, for the packed layout, ``num_rows`` (R; default:
+    exactly the real rows) are the padded sizes; a pair or row that does not fit is an error,
+    never cut. Padding rows hold pad tokens with attention_mask[:, 0] = 1.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    if len(pair_index) != len(pairs):
+        raise ValueError(f"{len(pairs)} pairs but {len(pair_index)} pair indices")
+    B, E, S, T, A = len(pairs), num_entities, max_sentences, seq_len, schema.NUM_ATTRIBUTES
+    slots = B * 2 * E * S
+    row_mask = np.zeros((B, 2, E, S), dtype=bool)
+    pre_label = np.zeros((B, 2, E, S, A), dtype=np.int32)
+    eff_label = np.zeros((B, 2, E, S, A), dtype=np.int32)
+    conflict_label = np.zeros((B, 2, E, S), dtype=np.int32)
+    story_label = np.zeros(B, dtype=np.int32)
+    pair_mask = np.asarray([p is not None for p in pairs], dtype=bool)
+    positions, lengths, tokens, type_ids = [], [], [], []
+    for b, pair in enumerate(pairs):
+        if pair is None:
+            continue
+        story_label[b] = pair.label
+        for k, story in enumerate(pair.stories):
+            e_n, s_n = story.num_entities, story.num_sentences
+            if e_n > E or s_n > S:
+                raise ValueError(f"pair {pair.pair_id!r} story {k} has {e_n} entities x {s_n} "
+                                 f"sentences; the batch holds {E} x {S}")
+            row_mask[b, k, :e_n, :s_n] = True
+            pre_label[b, k, :e_n, :s_n] = story.states[:, :, 0]
+            eff_label[b, k, :e_n, :s_n] = story.states[:, :, 1]
+            conflict_label[b, k, :e_n, :s_n] = story.conflict_label
+            grid = ((b * 2 + k) * E + np.arange(e_n)[:, None]) * S + np.arange(s_n)[None, :]
+            positions.append(grid.ravel())
+            lengths.append(story.lengths)
+            tokens.append(story.tokens)
+            type_ids.append(story.type_ids)
+    positions = np.concatenate(positions).astype(np.int32) if positions else np.zeros(0, np.int32)
+    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+    if lengths.size and lengths.max() > T:
+        raise ValueError(f"a row has {lengths.max()} tokens but seq_len is {T}; pick a larger "
+                         "seq_len or encode with max_length to truncate (with a report)")
+
+    if layout == "dense":
+        R = slots
+        row_of = positions
+        row_index = np.arange(R, dtype=np.int32)
+    else:
+        R = positions.size if num_rows is None else num_rows
+        if positions.size > R:
+            raise ValueError(f"{positions.size} real rows do not fit num_rows={R}")
+        row_of = np.arange(positions.size)
+        row_index = np.full(R, slots, dtype=np.int32)
+        row_index[:positions.size] = positions
+
+    input_ids = np.full((R, T), pad_id, dtype=np.int32)
+    attention_mask = np.zeros((R, T), dtype=np.int32)
+    token_type_ids = np.zeros((R, T), dtype=np.int32)
+    if lengths.size:
+        # Scatter the ragged rows in one go: token t of row r goes to (row_of[r], t).
+        starts = np.cumsum(lengths) - lengths
+        rows = np.repeat(row_of, lengths)
+        cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+        input_ids[rows, cols] = np.concatenate(tokens)
+        attention_mask[rows, cols] = 1
+        token_type_ids[rows, cols] = np.concatenate(type_ids)
+    # Padding rows attend to their first (pad) token so that no row is fully masked.
+    attention_mask[:, 0] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": token_type_ids,
+        "row_index": row_index,
+        "row_mask": row_mask,
+        "pre_label": pre_label,
+        "eff_label": eff_label,
+        "conflict_label": conflict_label,
+        "story_label": story_label,
+        "pair_mask": pair_mask,
+        "pair_index": np.asarray(pair_index, dtype=np.int32),
+    }
+
+
+def unpack_outputs(outputs: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
+                   encoded_pairs: Sequence[EncodedPair]) -> dict[int, dict]:
+    """Splits batched model outputs into per-pair values, keyed by pair index.
+
+    An output shaped [B, 2, E, S, ...] becomes a tuple of the two stories' arrays cut to their own
+    entities and sentences ([E_k, S_k, ...]); [B, ...] outputs become the pair's entry. Padding
+    pairs are skipped. ``encoded_pairs`` is the list that ``pair_index`` indexes.
+    """
+    B, _, E, S = batch["row_mask"].shape
+    result = {}
+    for b in np.flatnonzero(batch["pair_mask"]):
+        index = int(batch["pair_index"][b])
+        pair = encoded_pairs[index]
+        values = {}
+        for key, value in outputs.items():
+            value = np.asarray(value)
+            if value.shape[:4] == (B, 2, E, S):
+                values[key] = tuple(value[b, k, :st.num_entities, :st.num_sentences]
+                                    for k, st in enumerate(pair.stories))
+            elif value.shape[:1] == (B,):
+                values[key] = value[b]
+            else:
+                raise ValueError(f"output {key!r} of shape {value.shape} is not per pair "
+                                 f"(leading dimension {B})")
+        result[index] = values
+    return result

@@ -1,0 +1,147 @@
+"""Tokenizers: a Hugging Face fast tokenizer by name or directory, or a word-level one built here.
+
+``load_tokenizer(spec, texts)`` accepts
+- ``"word_level:bert"`` / ``"word_level:roberta"``: a small word-level tokenizer whose vocabulary
+  is built from ``texts`` (lower-cased, split on whitespace and punctuation), with the sentence-pair
+  template of BERT (``[CLS] a [SEP] b [SEP]`` plus token_type_ids) or RoBERTa
+  (``<s> a </s></s> b </s>``). Tiny configs and tests use it: no network, no files.
+- a local directory holding a tokenizer (``tokenizer.json`` or vocab files), or a hub name such as
+  ``roberta-large`` (downloaded by transformers, or found in its cache).
+
+``tokenizer_info`` gives what the feature code needs besides the tokenizer itself: the template
+style, the pad id and whether token_type_ids carry information.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+WORD_LEVEL_PREFIX = "word_level:"
+STYLES: tuple[str, ...] = ("bert", "roberta")
+
+# Special tokens of each style, in id order (RoBERTa's order matches the real roberta vocab).
+_SPECIAL_TOKENS: dict[str, dict[str, str]] = {
+    "bert": {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
+             "sep_token": "[SEP]", "mask_token": "[MASK]"},
+    "roberta": {"cls_token": "<s>", "pad_token": "<pad>", "sep_token": "</s>",
+                "unk_token": "<unk>", "mask_token": "<mask>"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerInfo:
+    """What downstream code needs to know about a tokenizer besides its vocabulary."""
+
+    style: str                  # "bert" ([CLS] a [SEP] b [SEP]) or "roberta" (<s> a </s></s> b </s>)
+    pad_id: int
+    vocab_size: int
+    uses_token_type_ids: bool   # False: token_type_ids are all zeros (RoBERTa)
+
+
+def load_tokenizer(spec: str, texts: Iterable[str] | None = None, *,
+                   local_files_only: bool = False) -> PreTrainedTokenizerFast:
+    """Returns a fast tokenizer for ``spec`` (see the module docstring for the accepted forms).
+
+    ``texts`` is required for (and only used by) the word-level specs. ``local_files_only`` skips
+    the hub and looks only in the transformers cache for a hub name.
+    """
+    if spec.startswith(WORD_LEVEL_PREFIX):
+        style = spec[len(WORD_LEVEL_PREFIX):]
+        if style not in STYLES:
+            raise ValueError(f"unknown word-level tokenizer style {style!r} in {spec!r}; "
+                             f"use one of: {', '.join(WORD_LEVEL_PREFIX + s for s in STYLES)}")
+        if texts is None:
+            raise ValueError(f"tokenizer {spec!r} builds its vocabulary from texts; pass texts=")
+        return build_word_level_tokenizer(texts, style=style)
+    return _load_pretrained(spec, local_files_only=local_files_only)
+
+
+def _load_pretrained(spec: str, *, local_files_only: bool) -> PreTrainedTokenizerFast:
+    """Loads a Hugging Face fast tokenizer from a local directory or the hub, with clear errors."""
+    looks_like_path = spec.startswith(("/", "./", "../", "~")) or os.path.isdir(spec)
+    path = os.path.expanduser(spec)
+    if looks_like_path and not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path if looks_like_path else spec, use_fast=True, local_files_only=local_files_only)
+    except (OSError, ValueError) as err:
+        where = "the directory" if looks_like_path else "the Hugging Face hub or its local cache"
+        raise OSError(
+            f"could not load tokenizer {spec!r} from {where}: {err}\n"
+            "Without network access, download the tokenizer elsewhere (e.g. "
+            f"`huggingface-cli download {spec}`), copy the directory here and pass its path, "
+            "or use a word-level tokenizer ('word_level:bert' / 'word_level:roberta').") from err
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"tokenizer {spec!r} has no fast (Rust) implementation; "
+                         "the feature code needs a tokenizers-backed tokenizer")
+    return tokenizer
+
+
+def _backend(style: str, vocab: dict[str, int] | None = None) -> Tokenizer:
+    """Returns a word-level backend tokenizer of ``style``: lower-cased, punctuation split."""
+    special = _SPECIAL_TOKENS[style]
+    vocab = vocab if vocab is not None else {t: i for i, t in enumerate(special.values())}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=special["unk_token"]))
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = special["cls_token"], special["sep_token"]
+    if style == "bert":
+        single, pair = f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1"
+    else:
+        single, pair = f"{cls} $A {sep}", f"{cls} $A {sep} {sep} $B {sep}"
+    backend.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+    return backend
+
+
+def build_word_level_tokenizer(texts: Iterable[str], *, style: str = "bert"
+                               ) -> PreTrainedTokenizerFast:
+    """Builds a word-level tokenizer whose vocabulary is every word of ``texts``.
+
+    Ids: the special tokens first, then words by decreasing count, ties in alphabetical order, so
+    the same texts (in any order) always give the same vocabulary. Unknown words map to the unk
+    token.
+    """
+    if style not in STYLES:
+        raise ValueError(f"unknown tokenizer style {style!r}; expected one of {STYLES}")
+    special = _SPECIAL_TOKENS[style]
+    # Count words exactly as the finished tokenizer will split them.
+    splitter = _backend(style)
+    counts: collections.Counter[str] = collections.Counter()
+    for text in texts:
+        normalized = splitter.normalizer.normalize_str(text)
+        counts.update(word for word, _ in splitter.pre_tokenizer.pre_tokenize_str(normalized))
+    vocab = {token: i for i, token in enumerate(special.values())}
+    for word, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        vocab.setdefault(word, len(vocab))
+    input_names = (["input_ids", "token_type_ids", "attention_mask"] if style == "bert"
+                   else ["input_ids", "attention_mask"])
+    return PreTrainedTokenizerFast(tokenizer_object=_backend(style, vocab),
+                                   model_input_names=input_names, **special)
+
+
+def tokenizer_info(tokenizer: PreTrainedTokenizerFast) -> TokenizerInfo:
+    """Returns the style, pad id, vocabulary size and token-type use of ``tokenizer``.
+
+    The style is read from the tokenizer's own sentence-pair template: two separators between
+    the two sequences mean RoBERTa style.
+    """
+    if tokenizer.pad_token_id is None:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no pad token")
+    ids = tokenizer("a", "b", add_special_tokens=True)["input_ids"]
+    sep = tokenizer.sep_token_id
+    doubled = sep is not None and any(x == y == sep for x, y in zip(ids, ids[1:]))
+    return TokenizerInfo(
+        style="roberta" if doubled else "bert",
+        pad_id=int(tokenizer.pad_token_id),
+        vocab_size=len(tokenizer),
+        uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
+    )
