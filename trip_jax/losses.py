@@ -1,0 +1,107 @@
+"""The tiered training loss L = λp·Lp + λf·Lf + λc·Lc + λs·Ls (DESIGN.md §2).
+
+Lp / Lf: cross-entropy of each attribute head averaged over rows, summed over the attributes and
+divided by their number. Lc: binary cross-entropy over (story, entity, sentence) rows. Ls:
+cross-entropy of the two story scores against the label. Padding pairs never count; with
+``mask_padding_in_losses`` (default) padded (entity, sentence) rows of real pairs do not count
+either. With it off, padded rows count as the reference counted them: in every mean's
+denominator, with their state-head cross-entropy against label 0 and a conflict loss of 0
+(the reference's belief there is exactly 0 and its label 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Loss weights (λp, λf, λc, λs) and the padding switch; defaults = the paper's best."""
+
+    pre_weight: float = 0.4
+    eff_weight: float = 0.4
+    conflict_weight: float = 0.2
+    story_weight: float = 0.0
+    mask_padding_in_losses: bool = True
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "LossConfig":
+        """Builds a config from a dict or ConfigDict; an unknown key is an error."""
+        values = dict(values)
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise KeyError(f"unknown LossConfig fields: {sorted(unknown)}")
+        return cls(**values)
+
+
+# The four loss configurations of the paper's Table 2, as (λp, λf, λc, λs); the weights are the
+# authors' released settings.
+LOSS_PRESETS: dict[str, tuple[float, float, float, float]] = {
+    "all": (0.4, 0.4, 0.1, 0.1),
+    "omit_story": (0.4, 0.4, 0.2, 0.0),
+    "omit_conflict": (0.4, 0.4, 0.0, 0.2),
+    "omit_states": (0.0, 0.0, 0.5, 0.5),
+}
+
+
+def loss_preset(name: str, *, mask_padding_in_losses: bool = True) -> LossConfig:
+    """Returns the LossConfig of a Table 2 row: "all", "omit_story" (the paper's best),
+    "omit_conflict" or "omit_states"."""
+    if name not in LOSS_PRESETS:
+        raise KeyError(f"unknown loss preset {name!r}; expected one of {sorted(LOSS_PRESETS)}")
+    pre, eff, conflict, story = LOSS_PRESETS[name]
+    return LossConfig(pre, eff, conflict, story, mask_padding_in_losses)
+
+
+def _masked_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
+    """Sum of values·weights over the sum of weights (0 when nothing counts)."""
+    weights = weights.astype(jnp.float32)
+    return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def _state_loss(logits: jax.Array, labels: jax.Array, rows: jax.Array) -> jax.Array:
+    """Mean over counted rows of the per-attribute CE, averaged over attributes.
+
+    logits [..., A, C], labels int [..., A], rows float [...] (1 = row counts). Every attribute
+    averages over the same rows, so the attribute average equals one mean over (row, attribute).
+    """
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), labels.astype(jnp.int32))
+    return _masked_mean(ce, jnp.broadcast_to(rows[..., None], ce.shape))
+
+
+def tiered_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array],
+                config: LossConfig = LossConfig()) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Returns (total loss, components) for TieredModel outputs on a Batch-contract batch.
+
+    ``components`` has float32 scalars "pre", "eff", "conflict", "story" (unweighted, always
+    computed, for logging) and "total".
+    """
+    row_mask = jnp.asarray(batch["row_mask"], bool)
+    pair_mask = jnp.asarray(batch["pair_mask"], bool)
+    real_rows = row_mask & pair_mask[:, None, None, None]
+    counted_rows = real_rows if config.mask_padding_in_losses else jnp.broadcast_to(
+        pair_mask[:, None, None, None], row_mask.shape)
+
+    pre = _state_loss(outputs["pre_logits"], batch["pre_label"], counted_rows)
+    eff = _state_loss(outputs["eff_logits"], batch["eff_label"], counted_rows)
+
+    bce = optax.sigmoid_binary_cross_entropy(
+        outputs["conflict_logits"].astype(jnp.float32),
+        batch["conflict_label"].astype(jnp.float32))
+    # Padded rows have belief 0 and label 0: their BCE is 0 whether or not they are counted.
+    bce = jnp.where(real_rows, bce, 0.0)
+    conflict = _masked_mean(bce, counted_rows)
+
+    story_ce = optax.softmax_cross_entropy_with_integer_labels(
+        outputs["story_score"].astype(jnp.float32), batch["story_label"].astype(jnp.int32))
+    story = _masked_mean(story_ce, pair_mask)
+
+    total = (config.pre_weight * pre + config.eff_weight * eff
+             + config.conflict_weight * conflict + config.story_weight * story)
+    return total, {"pre": pre, "eff": eff, "conflict": conflict, "story": story, "total": total}

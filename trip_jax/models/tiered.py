@@ -1,0 +1,294 @@
+"""The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
+
+Reference semantics: ``shared/DESIGN.md`` §2. The model reads the Batch-contract arrays (packed or
+dense rows) and returns the Model output contract (``/tmp/CONTRACTS.md``); every architecture
+number is a ``TieredConfig`` field whose default is the reference value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from trip_jax import schema
+from trip_jax.models.encoders import build_encoder
+
+# Logit given to classes a head does not have: finite, so that 0 * log_softmax stays 0 (no NaN),
+# and so negative that softmax gives those classes exactly 0 in float32.
+NEG_LOGIT = -1e9
+
+_ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
+
+
+@dataclasses.dataclass(frozen=True)
+class TieredConfig:
+    """Architecture of the tiered model; defaults are the reference's (DESIGN.md §2).
+
+    The detector width d_model is ``embedding_projection + state_projection`` (256 + 256 = 512).
+    ``detector_padding_mask`` masks padded sentences as attention keys and zeroes their detector
+    outputs before the flatten; False reproduces the reference, which masked nothing.
+    """
+
+    max_sentences: int = 7
+    num_classes: tuple[int, ...] = schema.NUM_CLASSES
+    head_dropout: float = 0.1
+    embedding_projection: int = 256
+    state_projection: int = 256
+    projection_dropout: float = 0.1
+    detector_input_dropout: float = 0.1
+    detector_layers: int = 6
+    detector_heads: int = 8
+    detector_ff: int = 2048
+    detector_dropout: float = 0.1
+    detector_activation: str = "relu"
+    detector_norm_first: bool = False
+    detector_layer_norm_eps: float = 1e-5
+    detector_padding_mask: bool = True
+    conflict_dropout: float = 0.1
+
+    def __post_init__(self):
+        object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
+        if self.detector_d_model % self.detector_heads:
+            raise ValueError(
+                f"detector width {self.detector_d_model} (embedding_projection + "
+                f"state_projection) must be divisible by detector_heads={self.detector_heads}")
+        if self.detector_activation not in _ACTIVATIONS:
+            raise ValueError(f"detector_activation must be one of {sorted(_ACTIVATIONS)}, "
+                             f"got {self.detector_activation!r}")
+
+    @property
+    def detector_d_model(self) -> int:
+        """Width of the conflict detector: the two projections side by side."""
+        return self.embedding_projection + self.state_projection
+
+    @property
+    def num_attributes(self) -> int:
+        """Number of attributes (20 for TRIP)."""
+        return len(self.num_classes)
+
+    @property
+    def max_classes(self) -> int:
+        """Width every head is padded to (9 for TRIP)."""
+        return max(self.num_classes)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "TieredConfig":
+        """Builds a config from a dict or ConfigDict; an unknown key is an error."""
+        values = dict(values)
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise KeyError(f"unknown TieredConfig fields: {sorted(unknown)}")
+        return cls(**values)
+
+
+def class_mask(num_classes: tuple[int, ...]) -> np.ndarray:
+    """Returns bool [A, max_classes]: True where class c exists for attribute a."""
+    return np.arange(max(num_classes))[None, :] < np.asarray(num_classes)[:, None]
+
+
+def real_logit_columns(num_classes: tuple[int, ...]) -> np.ndarray:
+    """Indices into a flattened [A * max_classes] logit vector of the real (unpadded) classes.
+
+    Attribute-major, so the gathered vector is the concatenation of the A unpadded heads.
+    """
+    return np.flatnonzero(class_mask(num_classes).reshape(-1))
+
+
+def scatter_rows(row_values: jax.Array, row_index: jax.Array, row_shape: tuple[int, ...]
+                 ) -> jax.Array:
+    """Scatters per-encoder-row vectors [R, H] to a dense [*row_shape, H] grid.
+
+    ``row_index`` holds flat indices into ``row_shape``; padding rows point one past the end and
+    are dropped. Cells no row writes stay 0.
+    """
+    num_cells = int(np.prod(row_shape))
+    dense = jnp.zeros((num_cells, row_values.shape[-1]), row_values.dtype)
+    dense = dense.at[row_index].set(row_values, mode="drop")
+    return dense.reshape(*row_shape, row_values.shape[-1])
+
+
+class _StateHead(nn.Module):
+    """One classification head: dropout -> Dense(H) -> tanh -> dropout -> Dense(out)."""
+
+    hidden: int
+    num_out: int
+    dropout: float
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, h):
+        x = nn.Dropout(self.dropout)(h, deterministic=self.deterministic)
+        x = jnp.tanh(nn.Dense(self.hidden, name="dense")(x))
+        x = nn.Dropout(self.dropout)(x, deterministic=self.deterministic)
+        return nn.Dense(self.num_out, name="out_proj")(x)
+
+
+class StateHeads(nn.Module):
+    """The 2·A precondition/effect heads as one vmapped head with stacked parameters.
+
+    Parameters carry a leading axis of size 2·A (preconditions first, then effects, attributes in
+    schema order); each head draws its own dropout masks. Every head outputs max_classes logits;
+    classes an attribute lacks are set to ``NEG_LOGIT``, so softmax/argmax equal those of an
+    n_a-class head.
+    """
+
+    config: TieredConfig
+
+    @nn.compact
+    def __call__(self, h, *, deterministic: bool = True):
+        """Maps embeddings [N, H] to (pre_logits, eff_logits), each [N, A, max_classes]."""
+        cfg = self.config
+        num_heads = 2 * cfg.num_attributes
+        stacked = nn.vmap(
+            _StateHead,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=num_heads,
+        )
+        logits = stacked(hidden=h.shape[-1], num_out=cfg.max_classes, dropout=cfg.head_dropout,
+                         deterministic=deterministic, name="heads")(h)  # [2A, N, C]
+        valid = np.tile(class_mask(cfg.num_classes), (2, 1))[:, None, :]
+        logits = jnp.where(valid, logits, NEG_LOGIT)
+        logits = logits.reshape(2, cfg.num_attributes, *logits.shape[1:])
+        logits = jnp.moveaxis(logits, 1, -2)  # [2, N, A, C]
+        return logits[0], logits[1]
+
+
+class DetectorLayer(nn.Module):
+    """A PyTorch-style TransformerEncoderLayer (post-LayerNorm unless ``norm_first``)."""
+
+    config: TieredConfig
+
+    @nn.compact
+    def __call__(self, x, key_mask, *, deterministic: bool):
+        """x [N, S, D]; key_mask bool [N, S] (keys attended to) or None."""
+        cfg = self.config
+        drop = lambda y: nn.Dropout(cfg.detector_dropout)(y, deterministic=deterministic)
+        norm = lambda name: nn.LayerNorm(epsilon=cfg.detector_layer_norm_eps, name=name)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        attention = nn.MultiHeadDotProductAttention(
+            num_heads=cfg.detector_heads, dropout_rate=cfg.detector_dropout,
+            deterministic=deterministic, name="self_attention")
+
+        def feed_forward(y):
+            y = nn.Dense(cfg.detector_ff, name="ff_in")(y)
+            y = drop(_ACTIVATIONS[cfg.detector_activation](y))
+            return nn.Dense(cfg.detector_d_model, name="ff_out")(y)
+
+        if cfg.detector_norm_first:
+            y = norm("attention_norm")(x)
+            x = x + drop(attention(y, mask=mask))
+            return x + drop(feed_forward(norm("ff_norm")(x)))
+        x = norm("attention_norm")(x + drop(attention(x, mask=mask)))
+        return norm("ff_norm")(x + drop(feed_forward(x)))
+
+
+class ConflictDetector(nn.Module):
+    """Transformer over the S sentences of each (story, entity) track -> conflict logits [N, S]."""
+
+    config: TieredConfig
+
+    @nn.compact
+    def __call__(self, x, sentence_mask, *, deterministic: bool = True):
+        """x [N, S, D] detector inputs; sentence_mask bool [N, S]. Returns logits [N, S]."""
+        cfg = self.config
+        use_mask = cfg.detector_padding_mask
+        x = nn.Dropout(cfg.detector_input_dropout)(x, deterministic=deterministic)
+        for i in range(cfg.detector_layers):
+            x = DetectorLayer(cfg, name=f"layer_{i}")(
+                x, sentence_mask if use_mask else None, deterministic=deterministic)
+        if use_mask:
+            # Padded sentences carry nothing: keep them out of the flatten -> Dense(S).
+            x = x * sentence_mask[..., None]
+        x = x.reshape(x.shape[0], -1)
+        x = nn.Dropout(cfg.conflict_dropout)(x, deterministic=deterministic)
+        return nn.Dense(cfg.max_sentences, name="conflict_out")(x)
+
+
+class TieredModel(nn.Module):
+    """The tiered reasoning model of DESIGN.md §2 over Batch-contract arrays.
+
+    ``encoder`` is a module following the encoder contract (see ``build_tiered_model`` to build
+    it from a Hugging Face config); its parameters live under ``params["encoder"]``.
+    """
+
+    encoder: nn.Module
+    config: TieredConfig = TieredConfig()
+
+    @nn.compact
+    def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True
+                 ) -> dict[str, jax.Array]:
+        """Returns the Model output contract for a batch (only the input arrays are read).
+
+        Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
+        conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
+        story_score [B,2], story_pred [B].
+        """
+        cfg = self.config
+        row_mask = jnp.asarray(batch["row_mask"], bool)
+        grid = row_mask.shape  # (B, 2, E, S)
+        if grid[-1] != cfg.max_sentences:
+            raise ValueError(f"batch has S={grid[-1]} sentences but config.max_sentences="
+                             f"{cfg.max_sentences}")
+
+        hidden = self.encoder(batch["input_ids"], batch["attention_mask"],
+                              token_type_ids=batch.get("token_type_ids"),
+                              deterministic=deterministic)
+        h = scatter_rows(hidden[:, 0, :].astype(jnp.float32), batch["row_index"], grid)
+        # Dense-layout padding rows hold pad-token embeddings; zero them so that both layouts
+        # feed identical values to everything downstream.
+        h = h * row_mask[..., None]
+        h_flat = h.reshape(-1, h.shape[-1])
+
+        pre_logits, eff_logits = StateHeads(cfg, name="state_heads")(
+            h_flat, deterministic=deterministic)
+
+        # Detector input: projected embedding ++ projected (gradient-free) real state logits.
+        columns = real_logit_columns(cfg.num_classes)
+        states = jnp.concatenate([pre_logits.reshape(len(h_flat), -1)[:, columns],
+                                  eff_logits.reshape(len(h_flat), -1)[:, columns]], axis=-1)
+        states = jax.lax.stop_gradient(states)
+        drop = lambda y: nn.Dropout(cfg.projection_dropout)(y, deterministic=deterministic)
+        features = jnp.concatenate(
+            [nn.Dense(cfg.embedding_projection, name="embedding_proj")(drop(h_flat)),
+             nn.Dense(cfg.state_projection, name="states_proj")(drop(states))], axis=-1)
+
+        tracks = features.reshape(-1, grid[-1], cfg.detector_d_model)  # [B*2*E, S, D]
+        conflict_logits = ConflictDetector(cfg, name="detector")(
+            tracks, row_mask.reshape(-1, grid[-1]), deterministic=deterministic).reshape(grid)
+        conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
+
+        story_score = -conflict_prob.sum(axis=(2, 3)) / 2
+        row_shape = (*grid, cfg.num_attributes, cfg.max_classes)
+        pre_logits, eff_logits = pre_logits.reshape(row_shape), eff_logits.reshape(row_shape)
+        return {
+            "pre_logits": pre_logits,
+            "eff_logits": eff_logits,
+            "pre_pred": _masked_argmax(pre_logits, row_mask),
+            "eff_pred": _masked_argmax(eff_logits, row_mask),
+            "conflict_logits": conflict_logits,
+            "conflict_prob": conflict_prob,
+            "story_score": story_score,
+            "story_pred": jnp.argmax(story_score, axis=-1).astype(jnp.int32),
+        }
+
+
+def _masked_argmax(logits: jax.Array, row_mask: jax.Array) -> jax.Array:
+    """Argmax over classes as int32, 0 on padded rows."""
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32) * row_mask[..., None]
+
+
+def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *,
+                       dtype=jnp.float32, remat: bool = False) -> TieredModel:
+    """Builds a TieredModel whose encoder comes from ``build_encoder(hf_config)``.
+
+    ``dtype``/``remat`` go to the encoder; the heads and detector compute in float32.
+    """
+    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat), config=config)
