@@ -1,0 +1,205 @@
+"""BERT and RoBERTa encoders in Flax linen, with Hugging Face Flax parameter names.
+
+The module tree mirrors ``FlaxBertModel`` / ``FlaxRobertaModel`` (embeddings/word_embeddings/
+embedding, encoder/layer/0/attention/self/query/kernel, .../LayerNorm/scale, ...) so that
+``flax_model.msgpack`` files load as they are and PyTorch checkpoints load by renaming
+(``trip_jax.models.weights``). There is no pooler: the tiered model reads position 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from trip_jax.models.activations import get_activation
+
+# Families whose position ids start at pad_token_id + 1 and skip padding tokens.
+_PADDING_OFFSET_POSITIONS = ("roberta",)
+
+
+def position_ids(config, input_ids: jax.Array) -> jax.Array:
+    """Returns absolute position ids [N, T]: 0.. for BERT; RoBERTa counts from pad_id + 1, pads get pad_id."""
+    if getattr(config, "model_type", None) in _PADDING_OFFSET_POSITIONS:
+        pad = config.pad_token_id
+        not_pad = (input_ids != pad).astype(jnp.int32)
+        return jnp.cumsum(not_pad, axis=1) * not_pad + pad
+    return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+
+
+def attention_bias(attention_mask: jax.Array) -> jax.Array:
+    """Additive float32 bias [N, 1, 1, T]: 0 where attended, the float32 minimum where masked."""
+    keep = attention_mask.astype(bool)[:, None, None, :]
+    return jnp.where(keep, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
+
+
+def _check_config(config) -> None:
+    """Refuses config options this encoder does not implement, instead of silently ignoring them."""
+    kind = getattr(config, "position_embedding_type", None) or "absolute"
+    if kind != "absolute":
+        raise NotImplementedError(f"position_embedding_type={kind!r} is not supported (only 'absolute')")
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise NotImplementedError("decoder / cross-attention BERT configs are not supported")
+    if config.hidden_size % config.num_attention_heads:
+        raise ValueError(
+            f"hidden_size={config.hidden_size} is not a multiple of "
+            f"num_attention_heads={config.num_attention_heads}")
+
+
+def _dense(config, features: int, dtype, name: str) -> nn.Dense:
+    return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32, name=name,
+                    kernel_init=nn.initializers.normal(config.initializer_range))
+
+
+def _embed(config, num: int, dtype, name: str) -> nn.Embed:
+    return nn.Embed(num, config.hidden_size, dtype=dtype, param_dtype=jnp.float32, name=name,
+                    embedding_init=nn.initializers.normal(config.initializer_range))
+
+
+def _layer_norm(config, dtype, name: str = "LayerNorm") -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=dtype, param_dtype=jnp.float32, name=name)
+
+
+class BertEmbeddings(nn.Module):
+    """Word + token type + absolute position embeddings, LayerNorm, dropout."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+        cfg = self.config
+        words = _embed(cfg, cfg.vocab_size, self.dtype, "word_embeddings")(input_ids)
+        types = _embed(cfg, cfg.type_vocab_size, self.dtype, "token_type_embeddings")(token_type_ids)
+        positions = _embed(cfg, cfg.max_position_embeddings, self.dtype, "position_embeddings")(
+            position_ids(cfg, input_ids))
+        x = _layer_norm(cfg, self.dtype)(words + types + positions)
+        return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention; scores and softmax in float32."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool):
+        cfg = self.config
+        heads = cfg.num_attention_heads
+        head_dim = cfg.hidden_size // heads
+        split = lambda h: h.reshape(h.shape[:-1] + (heads, head_dim))
+        query = split(_dense(cfg, cfg.hidden_size, self.dtype, "query")(x))
+        key = split(_dense(cfg, cfg.hidden_size, self.dtype, "key")(x))
+        value = split(_dense(cfg, cfg.hidden_size, self.dtype, "value")(x))
+        scores = jnp.einsum("nqhd,nkhd->nhqk", query, key, preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(scores * head_dim ** -0.5 + bias, axis=-1)
+        probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+        out = jnp.einsum("nhqk,nkhd->nqhd", probs.astype(self.dtype), value)
+        return out.reshape(out.shape[:-2] + (cfg.hidden_size,))
+
+
+class BertResidualOutput(nn.Module):
+    """Dense projection, dropout, then LayerNorm of the residual sum (HF's SelfOutput / Output)."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, h, residual, deterministic: bool):
+        cfg = self.config
+        h = _dense(cfg, cfg.hidden_size, self.dtype, "dense")(h)
+        h = nn.Dropout(cfg.hidden_dropout_prob)(h, deterministic=deterministic)
+        return _layer_norm(cfg, self.dtype)(h + residual)
+
+
+class BertAttention(nn.Module):
+    """Self-attention followed by its output projection and residual LayerNorm."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool):
+        h = BertSelfAttention(self.config, self.dtype, name="self")(x, bias, deterministic)
+        return BertResidualOutput(self.config, self.dtype, name="output")(h, x, deterministic)
+
+
+class BertIntermediate(nn.Module):
+    """The feed-forward expansion with the config's activation."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        h = _dense(cfg, cfg.intermediate_size, self.dtype, "dense")(x)
+        return get_activation(cfg.hidden_act)(h)
+
+
+class BertLayer(nn.Module):
+    """One transformer block: attention, intermediate, output."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool = True):
+        x = BertAttention(self.config, self.dtype, name="attention")(x, bias, deterministic)
+        h = BertIntermediate(self.config, self.dtype, name="intermediate")(x)
+        return BertResidualOutput(self.config, self.dtype, name="output")(h, x, deterministic)
+
+
+class BertLayerStack(nn.Module):
+    """The layers, named "0", "1", ... as in HF's layer collection; optionally rematerialised."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool):
+        # static_argnums counts self as argument 0, so `deterministic` is argument 3.
+        layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if self.remat else BertLayer
+        for i in range(self.config.num_hidden_layers):
+            x = layer_cls(self.config, self.dtype, name=str(i))(x, bias, deterministic)
+        return x
+
+
+class BertTransformer(nn.Module):
+    """HF's ``encoder`` submodule: holds the layer stack under the name ``layer``."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool):
+        return BertLayerStack(self.config, self.dtype, self.remat, name="layer")(x, bias, deterministic)
+
+
+class BertEncoder(nn.Module):
+    """BERT / RoBERTa encoder returning the last hidden states [N, T, H] in the compute dtype.
+
+    ``config`` is a transformers BertConfig or RobertaConfig; ``dtype`` the compute dtype
+    (parameters are float32); ``remat`` rematerialises each layer in the backward pass.
+    Dropout is active when ``deterministic=False`` and needs a "dropout" rng.
+    """
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
+        _check_config(self.config)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        x = BertEmbeddings(self.config, self.dtype, name="embeddings")(
+            input_ids, token_type_ids, deterministic)
+        bias = attention_bias(attention_mask)
+        return BertTransformer(self.config, self.dtype, self.remat, name="encoder")(
+            x, bias, deterministic)
