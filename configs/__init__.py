@@ -1,0 +1,1 @@
+"""Run configurations: ``get_config()`` in each file returns an ml_collections ConfigDict."""

@@ -1,0 +1,89 @@
+"""Every key the trainer reads, with the reference (paper) values; model files start from here.
+
+Not run directly: ``roberta.py``, ``bert.py``, ``deberta.py``, ``minilm.py`` and ``tiny.py`` call
+``get_config()`` and change the encoder and its learning rate. The optional config argument
+(``--config=configs/roberta.py:omit_conflict``) picks a loss row of the paper's Table 2:
+``omit_story`` (default, the paper's best), ``all``, ``omit_conflict`` or ``omit_states``.
+Any key can be overridden on the command line (``--config.train.learning_rate=2e-5``); a
+misspelt key is an error.
+"""
+
+import ml_collections
+
+from trip_jax.losses import LOSS_PRESETS
+
+DEFAULT_LOSS_PRESET = "omit_story"
+
+
+def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
+    """Returns the base configuration with the loss weights of ``loss_preset``."""
+    loss_preset = loss_preset or DEFAULT_LOSS_PRESET
+    if loss_preset not in LOSS_PRESETS:
+        raise ValueError(f"unknown loss preset {loss_preset!r}; expected one of "
+                         f"{sorted(LOSS_PRESETS)}")
+    config = ml_collections.ConfigDict()
+
+    config.data = ml_collections.ConfigDict()
+    config.data.data_dir = ""         # empty: $TRIP_DATA_DIR
+    config.data.format = ""           # "cgli" | "har" | "release"; empty: detect from the files
+    # "standard": train / select on dev / score on test. "dev_train": train on dev minus a
+    # held-out slice (selection), score on test. "auto": standard when a train split exists.
+    config.data.protocol = "auto"
+    config.data.holdout_fraction = 0.2  # dev_train: share of dev pairs held out for selection
+    config.data.holdout_seed = 0
+    config.data.max_pairs = 0         # use only the first N pairs of each split (0: all)
+    config.data.max_sentences = 7     # S
+    config.data.max_length = 0        # cut rows longer than this, with a report (0: never cut)
+    config.data.seq_len = 0           # fixed T for every batch (0: bucketed per batch)
+    config.data.layout = "packed"     # "packed" (real rows only) | "dense" (the reference's)
+    config.data.buckets = ml_collections.ConfigDict(dict(
+        entity_min=8, entity_step=4, token_multiple=8, row_min=16, rows_per_octave=4))
+
+    config.model = ml_collections.ConfigDict()
+    config.model.encoder = "roberta-large"  # hub name or local directory; empty: random_encoder
+    # Used only when encoder is empty: a randomly initialised encoder (Hugging Face config keys;
+    # the vocabulary size comes from the tokenizer).
+    config.model.random_encoder = ml_collections.ConfigDict(dict(
+        model_type="bert", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128))
+    config.model.tokenizer = ""       # empty: the encoder's own; or e.g. "word_level:bert"
+    config.model.dtype = "float32"    # encoder compute dtype ("bfloat16" on TPU/GPU)
+    config.model.remat = False        # rematerialise encoder layers (memory for compute)
+    # Tiered architecture (trip_jax.models.tiered.TieredConfig; reference values).
+    config.model.tiered = ml_collections.ConfigDict(dict(
+        head_dropout=0.1, embedding_projection=256, state_projection=256,
+        projection_dropout=0.1, detector_input_dropout=0.1, detector_layers=6,
+        detector_heads=8, detector_ff=2048, detector_dropout=0.1, detector_activation="relu",
+        detector_norm_first=False, detector_layer_norm_eps=1e-5, detector_padding_mask=True,
+        conflict_dropout=0.1))
+
+    pre, eff, conflict, story = LOSS_PRESETS[loss_preset]
+    config.loss = ml_collections.ConfigDict(dict(
+        pre_weight=pre, eff_weight=eff, conflict_weight=conflict, story_weight=story,
+        mask_padding_in_losses=True))
+
+    config.train = ml_collections.ConfigDict()
+    config.train.learning_rate = 1e-5   # AdamW (DESIGN.md §2)
+    config.train.adam_b1 = 0.9
+    config.train.adam_b2 = 0.999
+    config.train.adam_eps = 1e-6
+    config.train.weight_decay = 0.0
+    config.train.grad_clip_norm = 1.0   # global norm; 0: no clipping
+    # "constant" (what the reference really ran) | "warmup_linear" | "warmup_cosine"
+    config.train.schedule = "constant"
+    config.train.warmup_fraction = 0.1  # warm-up share of all steps (warmup_* schedules)
+    config.train.batch_size = 1         # story pairs per step, over all devices
+    config.train.eval_batch_size = 8
+    config.train.num_epochs = 10
+    config.train.shuffle = True
+    config.train.seed = 22
+    config.train.eval_every_steps = 0   # also evaluate every N steps (0: only after each epoch)
+    config.train.log_every_steps = 50
+    config.train.checkpoint_every_steps = 500  # latest checkpoint; also after every epoch
+    config.train.keep_checkpoints = 2   # latest checkpoints kept for resuming
+    config.train.async_checkpoints = True
+
+    # Device mesh: "data" splits the batch, "fsdp" shards large parameters (and the batch too).
+    # -1: all devices not used by the other axis.
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, fsdp_min_size=2 ** 18))
+    return config

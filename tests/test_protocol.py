@@ -1,0 +1,67 @@
+"""Protocol selection and the dev-train held-out slice."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+from ml_collections import ConfigDict
+
+from trip_jax import protocol
+from trip_jax.data import readers
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return readers.load_split(DATA_DIR, "dev")
+
+
+def plausible(pair):
+    return pair.stories[pair.label].sentences
+
+
+def test_holdout_is_deterministic_and_keeps_plausible_stories_apart(dev):
+    kept, held = protocol.holdout_split(dev, 0.2, seed=0)
+    assert len(kept) + len(held) == len(dev)
+    assert {p.pair_id for p in kept}.isdisjoint(p.pair_id for p in held)
+    # No plausible story is on both sides (its pairs share it).
+    assert {plausible(p) for p in kept}.isdisjoint(plausible(p) for p in held)
+    groups = len({plausible(p) for p in dev})
+    assert len({plausible(p) for p in held}) == round(0.2 * groups)
+    again, _ = protocol.holdout_split(dev, 0.2, seed=0)
+    assert [p.pair_id for p in again] == [p.pair_id for p in kept]
+    other, _ = protocol.holdout_split(dev, 0.2, seed=1)
+    assert [p.pair_id for p in other] != [p.pair_id for p in kept]
+
+
+def test_holdout_needs_two_groups(dev):
+    same_story = [p for p in dev if plausible(p) == plausible(dev[0])]
+    with pytest.raises(ValueError, match="at least 2"):
+        protocol.holdout_split(same_story, 0.5, seed=0)
+    with pytest.raises(ValueError, match="holdout_fraction"):
+        protocol.holdout_split(dev, 1.0, seed=0)
+
+
+def test_auto_protocol_follows_the_available_splits():
+    assert protocol.resolve_protocol("auto", ["train", "dev", "test"]) == "standard"
+    assert protocol.resolve_protocol("auto", ["dev", "test"]) == "dev_train"
+    assert protocol.resolve_protocol("standard", ["dev", "test"]) == "standard"
+    with pytest.raises(ValueError, match="unknown protocol"):
+        protocol.resolve_protocol("dev", ["dev"])
+
+
+def test_splits_of_the_shared_data():
+    config = ConfigDict(dict(data_dir=DATA_DIR, format="", protocol="auto", holdout_fraction=0.2,
+                             holdout_seed=0, max_pairs=0))
+    splits = protocol.load_protocol_splits(config)
+    assert splits.protocol == "dev_train" and splits.selection_name == "dev_holdout"
+    assert len(splits.train) + len(splits.selection) == 322
+    assert len(splits.test) == 351
+    assert set(splits.files) == {"dev", "test"}
+    config.protocol = "standard"
+    with pytest.raises(readers.TripDataError, match="no 'train' split"):
+        protocol.load_protocol_splits(config)

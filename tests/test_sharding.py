@@ -1,0 +1,162 @@
+"""Mesh and partition rules; one device vs 8 host devices (data-parallel and FSDP) give the same
+training; checkpoints restore onto another device count.
+
+The multi-device check runs in a subprocess with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must be set before JAX starts);
+``equivalence_worker`` is its body.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from ml_collections import ConfigDict
+
+from trip_jax import sharding
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
+STEPS = 3
+LAYOUTS = {"one_device": (1, 1), "data_parallel": (8, 1), "fsdp": (2, 4)}
+
+
+def test_param_spec_shards_large_matrices_on_their_largest_divisible_dimension():
+    assert sharding.param_spec((1024, 4096), 8, 2 ** 18) == P(None, "fsdp")
+    assert sharding.param_spec((40, 1024, 1024), 8, 2 ** 18) == P(None, "fsdp", None)
+    assert sharding.param_spec((50265, 1024), 8, 2 ** 18) == P(None, "fsdp")  # 50265 % 8 != 0
+    assert sharding.param_spec((1024,), 8, 2 ** 18) == P()  # small: replicated
+    assert sharding.param_spec((1023, 1025), 8, 1) == P()  # nothing divides
+    assert sharding.param_spec((1024, 4096), 1, 1) == P()  # no fsdp axis
+
+
+def test_mesh_sizes_are_checked():
+    import jax
+
+    mesh = sharding.create_mesh(ConfigDict(dict(data=-1, fsdp=1)))
+    assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1}
+    with pytest.raises(ValueError, match="does not match"):
+        sharding.create_mesh(ConfigDict(dict(data=jax.device_count() + 1, fsdp=1)))
+    with pytest.raises(ValueError, match="at most one"):
+        sharding.create_mesh(ConfigDict(dict(data=-1, fsdp=-1)))
+
+
+def test_pad_rows_adds_rows_the_model_drops():
+    batch = {"input_ids": np.ones((5, 3), np.int32), "attention_mask": np.ones((5, 3), np.int32),
+             "token_type_ids": np.zeros((5, 3), np.int32),
+             "row_index": np.arange(5, dtype=np.int32), "row_mask": np.ones((1, 2, 1, 7), bool)}
+    padded = sharding.pad_rows(batch, 4)
+    assert padded["input_ids"].shape == (8, 3)
+    np.testing.assert_array_equal(padded["row_index"][5:], [14, 14, 14])  # one past B*2*E*S
+    np.testing.assert_array_equal(padded["attention_mask"][5:], [[1, 0, 0]] * 3)
+    assert sharding.pad_rows(batch, 5)["input_ids"].shape == (5, 3)
+
+
+def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
+    """Trains STEPS steps of the tiny config on each layout of LAYOUTS from the same
+    initialisation; saves the FSDP parameters and restores them on one device."""
+    import itertools
+
+    import jax
+
+    from configs import tiny
+    from trip_jax import builders, checkpoints, losses, train
+
+    config = tiny.get_config()
+    config.data.data_dir = data_dir
+    config.data.max_pairs = 16
+    config.train.batch_size = 8
+    config.data.buckets.row_min = 1024  # every batch of 8 pairs fits: one compilation
+    # Smaller programs compile faster; the encoder keeps its dropout (sharded random bits).
+    config.model.random_encoder.num_hidden_layers = 1
+    config.model.tiered.update(dict(head_dropout=0.0, projection_dropout=0.0,
+                                    detector_input_dropout=0.0, detector_dropout=0.0,
+                                    conflict_dropout=0.0))
+    data = train.prepare_data(config)
+    hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
+    model = builders.build_model(config, hf_config)
+    tx, schedule = train.make_optimizer(config.train, STEPS)
+    loss_config = losses.LossConfig.from_mapping(config.loss)
+    keys = list(builders.example_batch(config.data.max_sentences))
+    batches = itertools.chain.from_iterable(
+        train.batch_stream(data.train, config, 8, shuffle=True, epoch=e) for e in range(STEPS))
+    local_batches = list(itertools.islice(batches, STEPS))
+
+    runs, specs, meshes = {}, {}, {}
+    initial = None
+    for name, (d, f) in LAYOUTS.items():
+        mesh = sharding.create_mesh(ConfigDict(dict(data=d, fsdp=f)), jax.devices()[:d * f])
+        if initial is None:  # one initialisation (and one init compilation) for every layout
+            state, shardings = train.create_train_state(config, model, tx, mesh)
+            initial = jax.device_get(state)
+        else:
+            shardings = sharding.tree_shardings(mesh, initial, config.mesh.fsdp_min_size)
+            state = jax.device_put(initial, shardings)
+        step = train.make_train_step(model, tx, schedule, loss_config, mesh, shardings, keys,
+                                     config.train.seed)
+        losses_ = []
+        for local in local_batches:
+            state, metrics = step(state, sharding.global_batch(local, mesh))
+            losses_.append(float(metrics["loss/total"]))
+        runs[name] = (losses_, jax.device_get(state.params))
+        specs[name] = sorted({str(s.spec) for s in jax.tree.leaves(shardings.params)})
+        meshes[name] = (mesh, state)
+
+    # Save the FSDP parameters (sharded over 8 devices) as a best checkpoint and restore them
+    # for evaluation on one device.
+    fsdp_state = meshes["fsdp"][1]
+    checkpoints.write_run_files(checkpoint_dir, config, hf_config, data.tokenizer)
+    saver = checkpoints.RunCheckpoints(checkpoint_dir, keep=1, async_save=False)
+    saver.save_if_best(STEPS, fsdp_state.params, {
+        "step": STEPS, "metrics": {"accuracy": 0.5, "consistency": 0.0, "verifiability": 0.0},
+        "config": checkpoints.config_to_dict(config), "encoder_config": hf_config.to_dict()})
+    saver.close()
+    restored = checkpoints.restore_for_eval(checkpoint_dir, mesh=meshes["one_device"][0])
+    restored_devices = {len(x.sharding.device_set) for x in jax.tree.leaves(restored.params)}
+    restore_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(
+        jax.tree.leaves(jax.device_get(restored.params)), jax.tree.leaves(runs["fsdp"][1])))
+
+    base_losses, base_params = runs["one_device"]
+    result = {"device_count": jax.device_count(), "specs": specs, "losses": {},
+              "param_diff": {}, "restored_devices": sorted(restored_devices),
+              "restore_diff": restore_diff}
+    for name, (run_losses, run_params) in runs.items():
+        result["losses"][name] = run_losses
+        result["param_diff"][name] = max(
+            float(np.max(np.abs(a - b)))
+            for a, b in zip(jax.tree.leaves(run_params), jax.tree.leaves(base_params)))
+    assert base_losses  # every layout trained
+    return result
+
+
+def test_data_parallel_and_fsdp_train_like_one_device(tmp_path):
+    out = tmp_path / "result.json"
+    code = ("import json, sys; from test_sharding import equivalence_worker; "
+            f"json.dump(equivalence_worker({DATA_DIR!r}, {str(tmp_path / 'ckpt')!r}), "
+            f"open({str(out)!r}, 'w'))")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["device_count"] == 8
+    # FSDP really shards parameters; the other layouts replicate them.
+    assert any("fsdp" in spec for spec in result["specs"]["fsdp"])
+    assert result["specs"]["one_device"] == result["specs"]["data_parallel"] == [str(P())]
+    base = result["losses"]["one_device"]
+    assert len(base) == STEPS and all(np.isfinite(base))
+    for name in ("data_parallel", "fsdp"):
+        np.testing.assert_allclose(result["losses"][name], base, rtol=1e-5, atol=1e-6)
+        assert result["param_diff"][name] < 1e-5, (name, result["param_diff"][name])
+    # The FSDP checkpoint (8 devices) restores bit-for-bit onto a single device.
+    assert result["restored_devices"] == [1]
+    assert result["restore_diff"] == 0.0

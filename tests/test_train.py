@@ -1,0 +1,202 @@
+"""The whole training loop on configs/tiny.py: train, checkpoint, resume, evaluate, NaN stop.
+
+Runs on the shared TRIP data (``$TRIP_DATA_DIR``, else ``../shared/data/trip``). The runs share a
+persistent compilation cache, so only the first one pays for compiling the step functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import tiny
+from trip_jax import builders, checkpoints, train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
+KILL_AFTER_STEP = 2  # mid-epoch: the tiny config has 4 steps per epoch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """Lets every run after the first load its compiled step functions from disk."""
+    saved = (jax.config.jax_compilation_cache_dir,
+             jax.config.jax_persistent_cache_min_compile_time_secs)
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield
+    jax.config.update("jax_compilation_cache_dir", saved[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+
+
+def tiny_config():
+    """configs/tiny.py on the shared data, with synchronous checkpoints (exact kill points)."""
+    config = tiny.get_config()
+    config.data.data_dir = DATA_DIR
+    config.train.async_checkpoints = False
+    return config
+
+
+def params_of(workdir, which="latest"):
+    """Host copy of a checkpoint's parameters."""
+    return jax.device_get(checkpoints.restore_for_eval(str(workdir), which).params)
+
+
+def assert_trees_equal(a, b):
+    """Exact equality of two parameter trees (same structure, same bits)."""
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+
+
+class Killed(Exception):
+    """Stands in for the process being killed right after a checkpoint."""
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """An uninterrupted tiny run: (workdir, test metrics)."""
+    workdir = tmp_path_factory.mktemp("full")
+    return workdir, train.train_and_evaluate(tiny_config(), str(workdir))
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """The same run killed after the checkpoint of step 2, then started again."""
+    workdir = tmp_path_factory.mktemp("resumed")
+    save_latest = checkpoints.RunCheckpoints.save_latest
+
+    def save_then_die(self, step, *args, **kwargs):
+        save_latest(self, step, *args, **kwargs)
+        if step == KILL_AFTER_STEP:
+            raise Killed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoints.RunCheckpoints, "save_latest", save_then_die)
+        with pytest.raises(Killed):
+            train.train_and_evaluate(tiny_config(), str(workdir))
+    steps_before_resume = sorted(
+        int(p.name) for p in (workdir / "checkpoints" / "latest").iterdir() if p.name.isdigit())
+    result = train.train_and_evaluate(tiny_config(), str(workdir))
+    return workdir, result, steps_before_resume
+
+
+def read_log(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_whole_loop_logs_checkpoints_and_reports(full_run):
+    workdir, result = full_run
+    log = read_log(workdir)
+    splits = {r["split"] for r in log}
+    assert splits == {"train", "dev_holdout", "test"}
+    train_steps = [r["step"] for r in log if r["split"] == "train"]
+    assert train_steps == [2, 4, 6, 8]
+    assert all(np.isfinite(r["loss/total"]) for r in log if r["split"] == "train")
+    # Selection after each of the 2 epochs; test for both best checkpoints.
+    assert [r["step"] for r in log if r["split"] == "dev_holdout"] == [4, 8]
+    assert sorted(r["checkpoint"] for r in log if r["split"] == "test") == [
+        "best_accuracy", "best_verifiability"]
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+    assert 1 >= result["accuracy"] >= result["consistency"] >= result["verifiability"] >= 0
+    report = json.loads((workdir / "reports" / "test.json").read_text())
+    assert report["protocol"] == "dev_train"
+    assert report["checkpoint"] == "best_verifiability"
+    assert report["metrics"]["num_pairs"] == 8
+    assert (workdir / "reports" / "best_accuracy" / "test.md").exists()
+    predictions = (workdir / "reports" / "test.predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == 8 and "pair_id" in json.loads(predictions[0])
+    latest = sorted(int(p.name) for p in (workdir / "checkpoints" / "latest").iterdir()
+                    if p.name.isdigit())
+    assert latest == [6, 8]  # keep_checkpoints=2
+
+
+def test_resume_reaches_the_parameters_of_an_uninterrupted_run(full_run, resumed_run):
+    full_dir, full_result = full_run
+    resumed_dir, resumed_result, steps_before_resume = resumed_run
+    assert steps_before_resume == [KILL_AFTER_STEP]
+    assert_trees_equal(params_of(full_dir), params_of(resumed_dir))
+    assert resumed_result["accuracy"] == full_result["accuracy"]
+    resumed_train = [r for r in read_log(resumed_dir) if r["split"] == "train"]
+    full_train = {r["step"]: r for r in read_log(full_dir) if r["split"] == "train"}
+    for record in resumed_train:
+        assert record["loss/total"] == full_train[record["step"]]["loss/total"]
+
+
+def test_restore_for_eval_needs_only_the_workdir(full_run):
+    workdir, _ = full_run
+    restored = checkpoints.restore_for_eval(str(workdir))
+    assert restored.kind == "best_verifiability"
+    assert restored.meta["protocol"] == "dev_train"
+    assert set(restored.meta["metrics"]) >= {"accuracy", "consistency", "verifiability"}
+    ids = restored.tokenizer("the apple", "Mary ate the apple.")["input_ids"]
+    batch = builders.example_batch(7, seq_len=len(ids))
+    batch["input_ids"][:] = ids
+    out = restored.model.apply({"params": restored.params}, batch)
+    assert out["conflict_prob"].shape == (1, 2, 1, 7)
+    by_step = checkpoints.restore_for_eval(str(workdir), restored.step)
+    assert_trees_equal(jax.device_get(by_step.params), jax.device_get(restored.params))
+
+
+def test_checkpoint_errors_are_clear(full_run, tmp_path):
+    workdir, _ = full_run
+    with pytest.raises(checkpoints.CheckpointError, match="no checkpoint"):
+        checkpoints.restore_for_eval(str(tmp_path / "empty"))
+    other = tiny_config()
+    other.model.tiered.detector_layers = 2
+    with pytest.raises(checkpoints.CheckpointError, match="detector_layers"):
+        checkpoints.restore_for_eval(str(workdir), config=other)
+    broken = tmp_path / "broken"
+    shutil.copytree(workdir, broken)
+    step_dir = next((broken / "checkpoints" / "best_verifiability").glob("[0-9]*"))
+    (step_dir / "params" / "manifest.ocdbt").unlink()
+    with pytest.raises(checkpoints.CheckpointError, match="could not restore"):
+        checkpoints.restore_for_eval(str(broken))
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tmp_path):
+    workdir = tmp_path / "diverging"
+    shutil.copytree(full_run[0], workdir)
+    good = params_of(workdir)
+    restore_latest = checkpoints.RunCheckpoints.restore_latest
+
+    def restore_poisoned(self, *args, **kwargs):
+        params, opt_state, meta = restore_latest(self, *args, **kwargs)
+        poisoned = jax.tree.map(lambda x: x * np.float32("nan"), params)
+        return poisoned, opt_state, meta
+
+    config = tiny_config()
+    config.train.num_epochs = 3  # continue after the finished run's step 8
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoints.RunCheckpoints, "restore_latest", restore_poisoned)
+        with pytest.raises(train.TrainingDiverged, match=r"step 9\b.*step 8 .*intact"):
+            train.train_and_evaluate(config, str(workdir))
+    latest = sorted(int(p.name) for p in (workdir / "checkpoints" / "latest").iterdir()
+                    if p.name.isdigit())
+    assert latest == [6, 8]
+    assert_trees_equal(params_of(workdir), good)
+
+
+def test_misspelt_config_override_is_an_error(tmp_path):
+    command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py",
+               f"--workdir={tmp_path}", "--config.train.learnin_rate=0.1"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "learnin_rate" in result.stderr and "learning_rate" in result.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_loss_preset_argument_and_overrides():
+    config = tiny.get_config("omit_states")
+    assert (config.loss.pre_weight, config.loss.eff_weight, config.loss.conflict_weight,
+            config.loss.story_weight) == (0.0, 0.0, 0.5, 0.5)
+    with pytest.raises(ValueError, match="unknown loss preset"):
+        tiny.get_config("no_such_preset")

@@ -1,0 +1,96 @@
+"""What a config describes, built: the tokenizer, the encoder's Hugging Face config, the model.
+
+Training and evaluation both go through here, so a checkpoint's saved config (plus the saved
+tokenizer and encoder config) rebuilds exactly the model that was trained.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import transformers
+
+from trip_jax.data.tokenizers import load_tokenizer, tokenizer_info
+from trip_jax.models.tiered import TieredConfig, TieredModel, build_tiered_model
+from trip_jax.models.weights import load_pretrained
+from trip_jax.schema import NUM_ATTRIBUTES
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def tokenizer_spec(model_config) -> str:
+    """The tokenizer a config uses: ``model.tokenizer``, else the encoder's own."""
+    spec = model_config.tokenizer or model_config.encoder
+    if not spec:
+        raise ValueError("a random encoder needs a tokenizer: set config.model.tokenizer "
+                         "(e.g. 'word_level:bert')")
+    return spec
+
+
+def build_tokenizer(model_config, texts):
+    """Loads (or, for word-level specs, builds from ``texts``) the config's tokenizer."""
+    return load_tokenizer(tokenizer_spec(model_config), texts)
+
+
+def encoder_config_from_dict(values: dict[str, Any]) -> transformers.PretrainedConfig:
+    """Rebuilds a Hugging Face config from ``PretrainedConfig.to_dict()`` output."""
+    values = dict(values)
+    return transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def random_encoder_config(model_config, tokenizer) -> transformers.PretrainedConfig:
+    """The Hugging Face config of ``model.random_encoder``, sized to the tokenizer."""
+    info = tokenizer_info(tokenizer)
+    values = dict(model_config.random_encoder)
+    values.update(vocab_size=info.vocab_size, pad_token_id=info.pad_id,
+                  type_vocab_size=2 if info.uses_token_type_ids else 1)
+    return encoder_config_from_dict(values)
+
+
+def build_encoder_config(model_config, tokenizer):
+    """Returns ``(hf_config, pretrained encoder params or None)`` for ``config.model``."""
+    if model_config.encoder:
+        hf_config, params = load_pretrained(model_config.encoder)
+        vocab = tokenizer_info(tokenizer).vocab_size
+        if vocab > hf_config.vocab_size:
+            raise ValueError(f"tokenizer {tokenizer_spec(model_config)!r} has {vocab} tokens but "
+                             f"encoder {model_config.encoder!r} embeds only {hf_config.vocab_size}")
+        return hf_config, params
+    return random_encoder_config(model_config, tokenizer), None
+
+
+def build_model(config, hf_config) -> TieredModel:
+    """The TieredModel of ``config`` around the encoder described by ``hf_config``."""
+    model = config.model
+    if model.dtype not in DTYPES:
+        raise ValueError(f"unknown model.dtype {model.dtype!r}; expected one of {sorted(DTYPES)}")
+    tiered = TieredConfig.from_mapping(
+        {**model.tiered.to_dict(), "max_sentences": config.data.max_sentences})
+    return build_tiered_model(hf_config, tiered, dtype=DTYPES[model.dtype], remat=model.remat)
+
+
+def example_batch(max_sentences: int, *, seq_len: int = 8) -> dict[str, np.ndarray]:
+    """A one-pair, one-entity dense Batch (zeros) for initialising parameters and shapes."""
+    B, E, S, A = 1, 1, max_sentences, NUM_ATTRIBUTES
+    R = B * 2 * E * S
+    return {
+        "input_ids": np.zeros((R, seq_len), np.int32),
+        "attention_mask": np.ones((R, seq_len), np.int32),
+        "token_type_ids": np.zeros((R, seq_len), np.int32),
+        "row_index": np.arange(R, dtype=np.int32),
+        "row_mask": np.ones((B, 2, E, S), bool),
+        "pre_label": np.zeros((B, 2, E, S, A), np.int32),
+        "eff_label": np.zeros((B, 2, E, S, A), np.int32),
+        "conflict_label": np.zeros((B, 2, E, S), np.int32),
+        "story_label": np.zeros((B,), np.int32),
+        "pair_mask": np.ones((B,), bool),
+        "pair_index": np.zeros((B,), np.int32),
+    }
+
+
+def init_params(model: TieredModel, rng: jax.Array, max_sentences: int):
+    """Freshly initialised parameters of ``model`` (use under jit or eval_shape)."""
+    return model.init({"params": rng}, example_batch(max_sentences))["params"]

@@ -1,0 +1,290 @@
+"""Orbax checkpoints of a training run, and restoring a trained model with no training code.
+
+A workdir holds:
+
+  config.json                  the run's config
+  encoder_config.json          the encoder's Hugging Face config
+  tokenizer/                   the tokenizer (save_pretrained), so evaluation needs no data
+  checkpoints/latest/STEP/         params + opt_state + meta: the last few, for resuming
+  checkpoints/best_verifiability/STEP/   params + meta: best selection verifiability
+  checkpoints/best_accuracy/STEP/        params + meta: best selection accuracy
+
+``meta`` (JSON) holds the step, epoch, selection metrics, protocol, the config and the encoder
+config, so every checkpoint directory is self-describing. Best checkpoints are ranked by the
+tuple of ``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
+Orbax writes each step to a temporary directory and renames it when complete, so a run killed
+while saving leaves the previous checkpoints intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from etils import epath
+
+from trip_jax import builders, sharding
+
+LATEST = "latest"
+BEST_VERIFIABILITY = "best_verifiability"
+BEST_ACCURACY = "best_accuracy"
+RANKING: dict[str, tuple[str, ...]] = {
+    BEST_VERIFIABILITY: ("verifiability", "consistency", "accuracy"),
+    BEST_ACCURACY: ("accuracy", "consistency", "verifiability"),
+}
+KINDS: tuple[str, ...] = (LATEST, BEST_VERIFIABILITY, BEST_ACCURACY)
+_ITEMS = {LATEST: ("params", "opt_state", "meta"),
+          BEST_VERIFIABILITY: ("params", "meta"), BEST_ACCURACY: ("params", "meta")}
+CONFIG_FILE = "config.json"
+ENCODER_CONFIG_FILE = "encoder_config.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable, or does not belong to the given config."""
+
+
+def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The config as plain JSON values."""
+    return json.loads(config.to_json())
+
+
+def _model_part(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys that decide the parameters' shapes and meaning."""
+    return {"model": config.get("model"),
+            "max_sentences": config.get("data", {}).get("max_sentences")}
+
+
+def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current)):
+            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.")
+        return out
+    return [] if saved == current else [f"{prefix[:-1]}: saved {saved!r}, now {current!r}"]
+
+
+def check_compatible(saved_config: dict[str, Any], config: ml_collections.ConfigDict,
+                     where: str) -> None:
+    """Raises CheckpointError when ``config`` describes another model than ``saved_config``."""
+    diffs = _differences(_model_part(saved_config), _model_part(config_to_dict(config)))
+    if diffs:
+        raise CheckpointError(
+            f"the checkpoint in {where} was trained with a different model config:\n  "
+            + "\n  ".join(diffs)
+            + "\nUse a new --workdir, or the config the checkpoint was trained with.")
+
+
+def write_run_files(workdir: str, config, hf_config, tokenizer) -> None:
+    """Writes config.json, encoder_config.json and tokenizer/ into the workdir (process 0)."""
+    if jax.process_index() != 0:
+        return
+    root = epath.Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / CONFIG_FILE).write_text(config.to_json(indent=2) + "\n")
+    (root / ENCODER_CONFIG_FILE).write_text(hf_config.to_json_string())
+    target = root / TOKENIZER_DIR
+    target.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        for name in os.listdir(tmp):
+            (target / name).write_bytes(epath.Path(tmp, name).read_bytes())
+
+
+def load_tokenizer(workdir: str):
+    """Loads the tokenizer a run saved in its workdir."""
+    from transformers import AutoTokenizer
+
+    source = epath.Path(workdir) / TOKENIZER_DIR
+    if not source.is_dir():
+        raise CheckpointError(f"{source} is missing: the workdir has no saved tokenizer")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in source.iterdir():
+            epath.Path(tmp, path.name).write_bytes(path.read_bytes())
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def _manager(workdir: str, kind: str, *, keep: int | None = 1, async_save: bool = False,
+             create: bool = True) -> ocp.CheckpointManager:
+    # Each manager gets its own barrier key: several managers saving asynchronously in a
+    # multi-process run would otherwise collide on orbax's shared barrier name.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=create, enable_async_checkpointing=async_save,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=kind))
+    return ocp.CheckpointManager(epath.Path(workdir) / "checkpoints" / kind, options=options,
+                                 item_names=_ITEMS[kind])
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def _restore(manager: ocp.CheckpointManager, step: int, **items) -> Any:
+    """Restores ``items`` of one step, turning any failure into a CheckpointError."""
+    where = epath.Path(manager.directory) / str(step)
+    try:
+        return manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as err:  # orbax raises many types for unreadable/mismatched data
+        raise CheckpointError(f"could not restore the checkpoint {where}: "
+                              f"{type(err).__name__}: {err}") from err
+
+
+class RunCheckpoints:
+    """The checkpoint managers of one training run (see the module docstring)."""
+
+    def __init__(self, workdir: str, *, keep: int, async_save: bool):
+        self.managers = {LATEST: _manager(workdir, LATEST, keep=keep, async_save=async_save)}
+        for kind in RANKING:
+            self.managers[kind] = _manager(workdir, kind, async_save=async_save)
+        self._best = {kind: self._saved_score(kind) for kind in RANKING}
+
+    def latest_step(self) -> int | None:
+        """Step of the newest resumable checkpoint, or None."""
+        return self.managers[LATEST].latest_step()
+
+    def _saved_score(self, kind: str) -> tuple[float, ...] | None:
+        manager = self.managers[kind]
+        step = manager.latest_step()
+        if step is None:
+            return None
+        meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        return tuple(meta["metrics"][key] for key in RANKING[kind])
+
+    def restore_latest(self, abstract_params, abstract_opt_state, param_shardings,
+                       opt_shardings, config) -> tuple[Any, Any, dict]:
+        """Restores (params, opt_state, meta) of the newest checkpoint onto the given shardings.
+
+        CheckpointError when there is none, or when it belongs to another model config.
+        """
+        manager = self.managers[LATEST]
+        step = manager.latest_step()
+        if step is None:
+            raise CheckpointError(f"no checkpoint to resume from in {manager.directory}")
+        where = str(epath.Path(manager.directory) / str(step))
+        meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        check_compatible(meta["config"], config, where)
+        restored = _restore(
+            manager, step,
+            params=ocp.args.StandardRestore(_abstract(abstract_params, param_shardings)),
+            opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state, opt_shardings)))
+        return restored.params, restored.opt_state, meta
+
+    def save_latest(self, step: int, params, opt_state, meta: dict) -> None:
+        """Saves the resumable state of ``step`` (a no-op if that step is already saved)."""
+        manager = self.managers[LATEST]
+        if step in manager.all_steps():
+            return
+        manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta)))
+
+    def save_if_best(self, step: int, params, meta: dict) -> list[str]:
+        """Saves ``params`` as each best checkpoint that ``meta["metrics"]`` improves; returns
+        the names of those it replaced."""
+        improved = []
+        for kind, keys in RANKING.items():
+            score = tuple(float(meta["metrics"][key]) for key in keys)
+            if self._best[kind] is not None and score <= self._best[kind]:
+                continue
+            manager = self.managers[kind]
+            if step not in manager.all_steps():
+                manager.save(step, args=ocp.args.Composite(
+                    params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)))
+            self._best[kind] = score
+            improved.append(kind)
+        return improved
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the managers."""
+        for manager in self.managers.values():
+            manager.wait_until_finished()
+            manager.close()
+
+
+@dataclasses.dataclass
+class EvalModel:
+    """A trained model rebuilt from its workdir: everything evaluation and prediction need."""
+
+    model: Any                     # TieredModel
+    params: Any                    # placed with ``param_shardings`` on ``mesh``
+    tokenizer: Any
+    config: ml_collections.ConfigDict
+    meta: dict[str, Any]           # step, epoch, selection metrics, protocol, ...
+    step: int
+    kind: str                      # the directory it came from
+    mesh: jax.sharding.Mesh
+    param_shardings: Any
+
+
+def _find_step(workdir: str, which: str | int) -> tuple[str, int]:
+    """Resolves ``which`` (a checkpoint kind or a step number) to (kind, step)."""
+    if isinstance(which, str) and which not in KINDS and not which.isdigit():
+        raise CheckpointError(f"unknown checkpoint {which!r}; expected one of {KINDS} or a step")
+    kinds = [which] if which in KINDS else list(KINDS)
+    wanted = None if which in KINDS else int(which)
+    found = {}
+    for kind in kinds:
+        directory = epath.Path(workdir) / "checkpoints" / kind
+        if not directory.is_dir():
+            continue
+        manager = _manager(workdir, kind, keep=None, create=False)
+        steps = manager.all_steps()
+        manager.close()
+        found[kind] = steps
+        if wanted is None and steps:
+            return kind, max(steps)
+        if wanted in steps:
+            return kind, wanted
+    listing = "; ".join(f"{k}: {sorted(s) or 'none'}" for k, s in found.items()) or "none"
+    raise CheckpointError(f"no checkpoint {which!r} in {epath.Path(workdir) / 'checkpoints'} "
+                          f"(found {listing}); train first with "
+                          f"`python -m trip_jax.main --config=... --workdir={workdir}`")
+
+
+def _eval_mesh(fsdp: int) -> jax.sharding.Mesh:
+    """All current devices, with the training run's fsdp size where it divides them."""
+    count = jax.device_count()
+    fsdp = fsdp if fsdp > 0 and count % fsdp == 0 else 1
+    return sharding.create_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=fsdp)))
+
+
+def restore_for_eval(workdir: str, which: str | int = BEST_VERIFIABILITY, *,
+                     mesh: jax.sharding.Mesh | None = None,
+                     config: ml_collections.ConfigDict | None = None) -> EvalModel:
+    """Rebuilds a trained model from ``workdir`` alone, ready to evaluate or predict.
+
+    ``which``: "best_verifiability" (default), "best_accuracy", "latest" or a step number.
+    Parameters are restored with the shardings of ``mesh`` (default: every current device, with
+    the training run's fsdp size where it divides the device count), so a device count other
+    than the training run's works. With ``config``, a checkpoint trained with a different model
+    config is an error.
+    """
+    kind, step = _find_step(workdir, which)
+    manager = _manager(workdir, kind, keep=None, create=False)
+    try:
+        where = str(epath.Path(manager.directory) / str(step))
+        meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        if config is not None:
+            check_compatible(meta["config"], config, where)
+        saved = ml_collections.ConfigDict(meta["config"])
+        hf_config = builders.encoder_config_from_dict(meta["encoder_config"])
+        model = builders.build_model(saved, hf_config)
+        mesh = mesh or _eval_mesh(saved.mesh.fsdp)
+        abstract = jax.eval_shape(
+            lambda rng: builders.init_params(model, rng, saved.data.max_sentences),
+            jax.random.key(0))
+        shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
+        params = _restore(manager, step,
+                          params=ocp.args.StandardRestore(_abstract(abstract, shardings))).params
+    finally:
+        manager.close()
+    return EvalModel(model=model, params=params, tokenizer=load_tokenizer(workdir),
+                     config=saved, meta=meta, step=step, kind=kind, mesh=mesh,
+                     param_shardings=shardings)
