@@ -25,18 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli import split_overrides  # launch/cli.py: this script's folder is on sys.path
+
 # Overlap collectives with compute; the environment's XLA_FLAGS are kept.
 GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
-
-
-def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Splits argv at the first '--': the rest goes verbatim to trip_jax.main."""
-    if "--" not in argv:
-        return argv, []
-    i = argv.index("--")
-    if "--dry-run" in argv[i + 1:]:
-        raise SystemExit("--dry-run after '--' would go to trip_jax.main; put it before '--'")
-    return argv[:i], argv[i + 1:]
 
 
 def train_command(args, overrides: list[str]) -> list[str]:
@@ -125,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     """Writes the script (or prints it with --dry-run) and prints or runs the sbatch command."""
-    argv, overrides = _split_overrides(argv)
+    argv, overrides = split_overrides(argv)
     args = build_parser().parse_args(argv)
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise SystemExit("--nodes and --gpus-per-node must be at least 1")

@@ -29,21 +29,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cli import split_overrides  # launch/cli.py: this script's folder is on sys.path
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNTIME = "tpu-ubuntu2204-base"  # v4; v5e: v2-alpha-tpuv5-lite, v5p: v2-alpha-tpuv5
 # Never shipped to the workers: history, caches, local run outputs.
 TAR_EXCLUDES = (".git", "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis",
                 "workdirs", ".whl", ".gl")
-
-
-def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Splits argv at the first '--': the rest goes verbatim to trip_jax.main."""
-    if "--" not in argv:
-        return argv, []
-    i = argv.index("--")
-    if "--dry-run" in argv[i + 1:]:
-        raise SystemExit("--dry-run after '--' would go to trip_jax.main; put it before '--'")
-    return argv[:i], argv[i + 1:]
 
 
 def _gcloud(verb: str, args, name_args) -> list[str]:
@@ -155,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     """Builds the commands of one subcommand and prints (--dry-run) or runs them in order."""
-    argv, overrides = _split_overrides(argv)
+    argv, overrides = split_overrides(argv)
     args = build_parser().parse_args(argv)
     if overrides and args.command != "run":
         raise SystemExit("arguments after -- are trip_jax.main overrides; only 'run' takes them")

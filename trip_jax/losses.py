@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from trip_jax.config_fields import dataclass_from_mapping
+
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
@@ -32,11 +34,7 @@ class LossConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "LossConfig":
         """Builds a config from a dict or ConfigDict; an unknown key is an error."""
-        values = dict(values)
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise KeyError(f"unknown LossConfig fields: {sorted(unknown)}")
-        return cls(**values)
+        return dataclass_from_mapping(cls, values)
 
 
 # The four loss configurations of the paper's Table 2, as (λp, λf, λc, λs); the weights are the

@@ -16,6 +16,7 @@ import numpy as np
 from flax import linen as nn
 
 from trip_jax import schema
+from trip_jax.config_fields import dataclass_from_mapping
 from trip_jax.models.encoders import build_encoder
 
 # Logit given to classes a head does not have: finite, so that 0 * log_softmax stays 0 (no NaN),
@@ -79,11 +80,7 @@ class TieredConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "TieredConfig":
         """Builds a config from a dict or ConfigDict; an unknown key is an error."""
-        values = dict(values)
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise KeyError(f"unknown TieredConfig fields: {sorted(unknown)}")
-        return cls(**values)
+        return dataclass_from_mapping(cls, values)
 
 
 def class_mask(num_classes: tuple[int, ...]) -> np.ndarray:
