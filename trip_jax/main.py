@@ -3,12 +3,22 @@
 ``--mode=train`` (default) trains, or resumes, in the workdir and then scores the best
 checkpoints on test. Config keys are overridden with ``--config.SECTION.KEY=VALUE``; a misspelt
 key is an error. Multi-process runs (SLURM, Cloud TPU, explicit TRIP_* variables) are joined
-first (``trip_jax.distributed``).
+first (``trip_jax.distributed``). Other modes, on a trained workdir:
+
+- ``--mode=evaluate [--checkpoint=best_verifiability|best_accuracy|latest|STEP] [--split=test]``:
+  scores a checkpoint, writes ``DIR/eval/SPLIT.*`` (``trip_jax.evaluate``);
+- ``--mode=predict --input=FILE [--output=FILE] [--checkpoint=...]``: explains new story pairs
+  (``trip_jax.predict``);
+- ``--mode=random_baseline [--split=test]``: writes ``DIR/eval/random_baseline.SPLIT.*``.
+
+A missing, unreadable or mismatched checkpoint, missing data or spaCy model, or unusable input
+ends the run with a one-line ``error: ...`` message and exit status 1.
 """
 
 from __future__ import annotations
 
 import logging as std_logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,19 +26,59 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trip_jax import distributed, train
-
-# mode name -> function(config, workdir). Other modes (evaluate, predict, random_baseline)
-# register here.
-MODES: dict[str, Callable[[Any, str], Any]] = {
-    "train": train.train_and_evaluate,
-}
+from trip_jax import checkpoints, distributed, evaluate, predict, train
+from trip_jax.data.entities import SpacyModelError
+from trip_jax.data.readers import TripDataError
 
 FLAGS = flags.FLAGS
+
+
+def _evaluate(config, workdir: str) -> dict[str, Any]:
+    """--mode=evaluate: scores --checkpoint on --split, writes DIR/eval/."""
+    result = evaluate.evaluate_checkpoint(config, workdir, FLAGS.checkpoint, FLAGS.split)
+    if result["paths"]:
+        print(f"wrote {result['paths']['markdown']} and the other {FLAGS.split}.* reports")
+    return result
+
+
+def _predict(config, workdir: str) -> dict[str, Any]:
+    """--mode=predict: explains the story pairs of --input with --checkpoint."""
+    if not FLAGS.input:
+        raise app.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
+    return predict.run(config, workdir, FLAGS.input, FLAGS.output, FLAGS.checkpoint)
+
+
+def _random_baseline(config, workdir: str) -> dict[str, Any]:
+    """--mode=random_baseline: the random baseline's report of --split."""
+    result = evaluate.random_baseline_report(config, workdir, FLAGS.split)
+    if result["paths"]:
+        print(f"wrote {result['paths']['markdown']} and the other reports")
+    return result
+
+
+# mode name -> function(config, workdir).
+MODES: dict[str, Callable[[Any, str], Any]] = {
+    "train": train.train_and_evaluate,
+    "evaluate": _evaluate,
+    "predict": _predict,
+    "random_baseline": _random_baseline,
+}
+# Errors in what the user asked for: reported in one line, without a traceback.
+USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
+               evaluate.EvaluationError, predict.PredictionError)
+
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and reports.")
 flags.DEFINE_enum("mode", "train", list(MODES), "What to do with the config and workdir.")
 config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py[:loss_preset]).", lock_config=True)
+flags.DEFINE_string("checkpoint", checkpoints.BEST_VERIFIABILITY,
+                    "evaluate/predict: the checkpoint to use: best_verifiability, best_accuracy, "
+                    "latest or a step number.")
+flags.DEFINE_string("split", "test", "evaluate/random_baseline: the split to score: test, the "
+                    "protocol's selection split (dev or dev_holdout) or train.")
+flags.DEFINE_string("input", None, "predict: JSON Lines file of story pairs.")
+flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
+                    "WORKDIR/predict/<input stem>.jsonl).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -48,7 +98,10 @@ def main(argv) -> None:
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
                  jax.process_count(), jax.local_devices())
     logging.info("config:\n%s", FLAGS.config)
-    MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
+    try:
+        MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
+    except USER_ERRORS as err:
+        sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import builders, checkpoints, losses, metrics, protocol, reports, sharding
+from trip_jax import builders, checkpoints, explain, losses, metrics, protocol, reports, sharding
 from trip_jax.data import batching, features
 from trip_jax.data.features import Buckets, EncodedPair
+from trip_jax.data.types import StoryPair
 
 SCHEDULES: tuple[str, ...] = ("constant", "warmup_linear", "warmup_cosine")
 # Model outputs and batch arrays an evaluation needs on the host.
@@ -256,9 +257,15 @@ def _pad_entities(value: np.ndarray, entities: int) -> np.ndarray:
 
 
 def evaluate(eval_step: Callable, params, encoded: Sequence[EncodedPair], config, mesh,
-             pair_ids: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             pair_ids: Sequence[str], *, pairs: Sequence[StoryPair] | None = None
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Scores ``params`` on ``encoded`` pairs; returns (tiered metrics + mean losses, per-pair
-    records in dataset order)."""
+    records in dataset order).
+
+    A record holds the pair id, its label, the predicted story and ``metrics.outcome_record``;
+    given ``pairs`` (the typed pairs ``encoded`` was built from), also the explanation of
+    ``explain.explain_pair`` under "explanation" (conflicting pair and the states behind it).
+    """
     outputs, loss_sums, real_pairs = [], {}, 0
     for local in batch_stream(encoded, config, config.train.eval_batch_size, shuffle=False,
                               epoch=0):
@@ -285,8 +292,18 @@ def evaluate(eval_step: Callable, params, encoded: Sequence[EncodedPair], config
     scores = metrics.tiered_metrics(**args)
     scores.update({f"loss/{k}": v / max(real_pairs, 1) for k, v in loss_sums.items()})
     outcomes = metrics.pair_outcomes(**args)
-    records = [{"pair_id": pair_ids[int(i)], **metrics.outcome_record(outcomes, n)}
-               for n, i in enumerate(merged["pair_index"])]
+    records = []
+    for n, i in enumerate(merged["pair_index"]):
+        story_pred = int(merged["story_pred"][n])
+        record = {"pair_id": pair_ids[int(i)], "label": int(merged["story_label"][n]),
+                  "predicted_story": story_pred, **metrics.outcome_record(outcomes, n)}
+        if pairs is not None:
+            stories = pairs[int(i)].stories
+            record["explanation"] = explain.explain_pair(
+                story_pred, merged["conflict_prob"][n], merged["pre_pred"][n],
+                merged["eff_pred"][n], [s.entities for s in stories],
+                [s.sentences for s in stories])
+        records.append(record)
     return scores, records
 
 
@@ -359,10 +376,6 @@ class _PendingMetrics:
                     f"saving anything from it; {last_good()}")
         keys = [k for k in host[0] if k != "finite"]
         return {k: float(np.mean([h[k] for h in host])) for k in keys}
-
-
-def _model_name(config) -> str:
-    return config.model.encoder or f"random {config.model.random_encoder.model_type}"
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -508,20 +521,22 @@ def _train_loop(config, workdir, model, tx, schedule, loss_config, mesh, state, 
 def _final_reports(config, workdir, mesh, eval_step, data: RunData, log: MetricLog
                    ) -> dict[str, Any]:
     """Scores the best checkpoints on test; writes reports/ (best verifiability) and
-    reports/best_accuracy/.
+    reports/best_accuracy/ with ``trip_jax.evaluate.write_checkpoint_report``.
 
     Parameters come from ``checkpoints.restore_for_eval`` (the path evaluation takes) on the
     training mesh, so ``eval_step``, compiled for those shardings, is reused.
     """
+    # Imported here: trip_jax.evaluate builds on this module (eval step, batching).
+    from trip_jax import evaluate as evaluation
+
     test_ids = [p.pair_id for p in data.splits.test]
-    files = reports.data_file_hashes(sorted(set(data.splits.files.values())))
     results, scored_steps = {}, {}
     for kind, subdir in ((checkpoints.BEST_VERIFIABILITY, ""),
                          (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)):
         restored = checkpoints.restore_for_eval(workdir, kind, mesh=mesh, config=config)
         if restored.step not in scored_steps:
             scored_steps[restored.step] = evaluate(eval_step, restored.params, data.test, config,
-                                                   mesh, test_ids)
+                                                   mesh, test_ids, pairs=data.splits.test)
         scores, records = scored_steps[restored.step]
         results[kind] = scores
         log.write(restored.step, "test", scalar_metrics(scores), checkpoint=kind)
@@ -529,10 +544,7 @@ def _final_reports(config, workdir, mesh, eval_step, data: RunData, log: MetricL
                      "verifiability %.3f", kind, restored.step, data.splits.protocol,
                      scores["accuracy"], scores["consistency"], scores["verifiability"])
         if jax.process_index() == 0:
-            metadata = {"model": _model_name(config), "checkpoint": kind,
-                        "checkpoint_step": restored.step, "protocol": data.splits.protocol,
-                        "selection_split": data.splits.selection_name,
-                        "selection_metrics": restored.meta["metrics"], "data_files": files}
-            reports.write_report(epath.Path(workdir) / "reports" / subdir, "test", scores,
-                                 metadata, records)
+            evaluation.write_checkpoint_report(
+                epath.Path(workdir) / "reports" / subdir, "test", scores, records, restored,
+                data.splits, data.splits.test)
     return results[checkpoints.BEST_VERIFIABILITY]
