@@ -1,0 +1,158 @@
+"""Time per training epoch on the dev pairs, and its growth with 1×, 2×, 4× the pairs.
+
+Runs the training loop's inner steps as ``trip_jax.train`` runs them: ``train.batch_stream``
+(shuffled by seed and epoch, the config's layout and buckets) → ``sharding.global_batch`` → the
+jitted train step, with metrics left on the device until the epoch ends. The reference layout
+(``reference_dense``) instead feeds one pair a batch, padded to the data's maximum sizes.
+
+Compiling is measured apart: first every distinct batch shape that the epochs will meet is
+compiled ahead of time (timed per shape; ``first_epoch_s`` = the 1× epoch plus compiling its
+shapes, what a fresh run pays), then the epochs at ``reps`` × the dev pairs run warm. Each point
+reports the epoch's wall time, the host time (building batches and copying them to the device)
+and pairs per second; a least-squares line over the points gives the seconds per pair and the
+fixed seconds per epoch.
+
+    python -m benchmarks.epoch_time --model tiny --batch-size 8 --reps 1,2,4 --out /tmp/e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+from benchmarks import harness, padding
+from trip_jax import train
+from trip_jax.data import batching
+
+def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int,
+            sort_window: int = 0):
+    """The epoch's host batches in the given layout; ``sort_window`` > 1 batches similar pairs
+    together (``benchmarks.padding.sorted_window_order``, a proposed batching option)."""
+    if layout == "packed" and sort_window > 1:
+        order = padding.sorted_window_order(encoded, batch_size, sort_window,
+                                            seed=h.config.train.seed, epoch=epoch)
+        return batching.batches([encoded[i] for i in order], batch_size, layout="packed",
+                                buckets=h.buckets, seq_len=h.seq_len,
+                                max_sentences=h.config.data.max_sentences)
+    if layout == "packed":
+        config = h.config.copy_and_resolve_references()
+        config.data.layout = "packed"
+        return train.batch_stream(encoded, config, batch_size, shuffle=True, epoch=epoch)
+    if batch_size != 1:
+        raise ValueError("the reference layout holds one pair a batch (batch_size 1)")
+    order = batching.epoch_order(len(encoded), shuffle=True, seed=h.config.train.seed,
+                                 epoch=epoch)
+    return (h.reference_dense_batch(encoded[i]) for i in order)
+
+
+def _shape(local: dict) -> tuple:
+    """What a jitted step compiles for: the encoder input and the (B, 2, E, S) grid."""
+    return (local["input_ids"].shape, local["row_mask"].shape)
+
+
+def compile_shapes(h: harness.Harness, state, streams) -> dict[tuple, dict]:
+    """Compiles the train step ahead of time for every distinct batch shape of ``streams``
+    (iterables of host batches, in epoch order); returns {shape: {"compile_s", "epoch"}}."""
+    compiled = {}
+    for epoch, stream in enumerate(streams):
+        for local in stream:
+            shape = _shape(local)
+            if shape in compiled:
+                continue
+            batch = h.to_device(local)
+            start = time.perf_counter()
+            h.train_step.lower(state, batch).compile()  # also fills the jit cache
+            compiled[shape] = {"compile_s": time.perf_counter() - start, "epoch": epoch}
+    return compiled
+
+
+def run_epoch(h: harness.Harness, state, stream, seen) -> tuple[object, dict]:
+    """Trains one epoch over the host batches of ``stream``; returns (state, timing).
+    ``new_shapes`` counts batches of a shape not in ``seen`` (0 after ``compile_shapes``)."""
+    host_s, steps, pairs, new_shapes, pending = 0.0, 0, 0, 0, []
+    start = time.perf_counter()
+    stream = iter(stream)
+    while True:
+        tick = time.perf_counter()
+        local = next(stream, None)
+        if local is None:
+            break
+        batch = h.to_device(local)
+        host_s += time.perf_counter() - tick
+        new_shapes += _shape(local) not in seen
+        state, metrics = h.train_step(state, batch)
+        pending.append(metrics)
+        steps += 1
+        pairs += int(local["pair_mask"].sum())
+    jax.block_until_ready((state, pending))
+    epoch_s = time.perf_counter() - start
+    return state, {"pairs": pairs, "steps": steps, "epoch_s": epoch_s, "host_s": host_s,
+                   "new_shapes": new_shapes, "pairs_per_s": pairs / epoch_s,
+                   "load_average_after": os.getloadavg()}
+
+
+def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
+                reps: tuple[int, ...] = (1, 2, 4), data_dir: str = "", max_pairs: int = 0,
+                dtype: str | None = None, prng_impl: str | None = None,
+                sort_window: int = 0) -> dict:
+    """Compiles every shape, then times warm epochs at ``reps`` × the dev pairs."""
+    if prng_impl:
+        jax.config.update("jax_default_prng_impl", prng_impl)
+    h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype)
+
+    def stream(epoch: int):
+        return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch, sort_window)
+
+    compiled = compile_shapes(h, h.state, (stream(i) for i in range(len(reps))))
+    state, points = h.state, []
+    for epoch, rep in enumerate(reps):
+        state, timing = run_epoch(h, state, stream(epoch), compiled)
+        points.append({"repeat": rep, **timing})
+        print(json.dumps(points[-1]), file=sys.stderr, flush=True)
+    first_compile_s = sum(c["compile_s"] for c in compiled.values() if c["epoch"] == 0)
+    fit = {}
+    if len({p["pairs"] for p in points}) > 1:
+        slope, intercept = np.polyfit([p["pairs"] for p in points],
+                                      [p["epoch_s"] for p in points], 1)
+        fit = {"s_per_pair": float(slope), "fixed_s": float(intercept)}
+    return {"model": model, "layout": layout, "batch_size": batch_size,
+            "dtype": h.config.model.dtype, "prng_impl": str(jax.config.jax_default_prng_impl),
+            "sort_window": sort_window, "dev_pairs": len(h.encoded),
+            "compile": {"shapes": len(compiled),
+                        "shapes_in_first_epoch": sum(c["epoch"] == 0 for c in compiled.values()),
+                        "compile_s": sum(c["compile_s"] for c in compiled.values()),
+                        "per_shape_s": [c["compile_s"] for c in compiled.values()]},
+            "first_epoch_s": first_compile_s + points[0]["epoch_s"],
+            "points": points, "fit": fit}
+
+
+def main(argv=None) -> None:
+    """Parses flags, runs the curve, writes JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--layout", default="packed", choices=["packed", "reference_dense"])
+    parser.add_argument("--reps", default="1,2,4")
+    parser.add_argument("--max-pairs", type=int, default=0)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--prng-impl", default=None)
+    parser.add_argument("--sort-window", type=int, default=0,
+                        help="batches per size-sorting window (0: shuffled, as training does)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = epoch_curve(args.model, args.batch_size, layout=args.layout,
+                         reps=tuple(int(r) for r in args.reps.split(",")),
+                         max_pairs=args.max_pairs, dtype=args.dtype, prng_impl=args.prng_impl,
+                         sort_window=args.sort_window)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

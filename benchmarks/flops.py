@@ -1,0 +1,126 @@
+"""FLOP counts of the tiered model and the machine's measured matmul peak (for MFU).
+
+Encoder (BERT/RoBERTa layers; DeBERTa's relative-position terms are not counted), for one row
+of T tokens, L layers, width H, feed-forward width I:
+
+    matmul params  N = L · (4·H² + 2·H·I)          (Q, K, V, attention output; FFN in, out)
+    forward        2·N·T  +  L · 4·T²·H             (matmuls; attention scores QKᵀ and A·V)
+    train step     3 × forward                      (forward + backward, which costs 2×)
+    eval step      1 × forward
+
+Model FLOPs of a step count the *real* rows only, at the batch's padded token length T (the
+layout's row padding is waste, so the packed and dense layouts have the same model FLOPs for
+the same pairs). ``*_real_tokens`` variants count each row at its own length (no token padding
+either). Embedding look-ups, LayerNorms, softmax and the heads/detector are left out of MFU;
+``heads_detector_flops`` counts the state heads, projections and conflict detector separately
+(on real rows, and on every (pair, story, entity, sentence) slot of the grid, which is what the
+model computes).
+
+MFU = model FLOPs per second / the peak FLOP/s of one large ``jnp.matmul`` timed in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from trip_jax.models.tiered import TieredConfig
+
+
+def encoder_matmul_params(hf_config) -> int:
+    """N: parameters that take part in matmuls per token (embeddings excluded)."""
+    h, i = hf_config.hidden_size, hf_config.intermediate_size
+    return hf_config.num_hidden_layers * (4 * h * h + 2 * h * i)
+
+
+def encoder_forward_flops(hf_config, lengths: np.ndarray) -> float:
+    """Forward FLOPs of the encoder over rows of the given token ``lengths``."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    n = encoder_matmul_params(hf_config)
+    attention = hf_config.num_hidden_layers * 4 * hf_config.hidden_size * (lengths ** 2).sum()
+    return float(2 * n * lengths.sum() + attention)
+
+
+def heads_detector_forward_flops(hidden: int, tiered: TieredConfig, slots: int) -> float:
+    """Forward FLOPs of the state heads, the projections and the conflict detector over
+    ``slots`` (story, entity, sentence) rows."""
+    a, c, s = tiered.num_attributes, tiered.max_classes, tiered.max_sentences
+    d, f = tiered.detector_d_model, tiered.detector_ff
+    heads = 2 * a * 2 * (hidden * hidden + hidden * c)
+    projections = 2 * (hidden * tiered.embedding_projection
+                       + 2 * sum(tiered.num_classes) * tiered.state_projection)
+    # Per sentence of a track: the layer's matmuls, attention over the S sentences, Dense(S).
+    detector = tiered.detector_layers * (2 * (4 * d * d + 2 * d * f) + 4 * s * d) + 2 * d * s
+    return float(slots * (heads + projections + detector))
+
+
+def step_flops(hf_config, tiered: TieredConfig, batch: dict[str, np.ndarray],
+               real_lengths: np.ndarray) -> dict[str, float]:
+    """FLOPs of one step on ``batch`` per mode: forward ×3 for train, ×1 for eval.
+
+    ``real_lengths``: the token length of every real row of the batch.
+    """
+    rows, seq_len = batch["input_ids"].shape
+    real_rows = int(batch["row_mask"].sum())
+    slots = int(np.prod(batch["row_mask"].shape))
+    forward = {
+        "model_flops": encoder_forward_flops(hf_config, np.full(real_rows, seq_len)),
+        "model_flops_real_tokens": encoder_forward_flops(hf_config, real_lengths),
+        "encoder_flops_all_rows": encoder_forward_flops(hf_config, np.full(rows, seq_len)),
+        "heads_detector_flops_real_rows": heads_detector_forward_flops(
+            hf_config.hidden_size, tiered, real_rows),
+        "heads_detector_flops_grid": heads_detector_forward_flops(
+            hf_config.hidden_size, tiered, slots),
+    }
+    return {mode: {k: v * factor for k, v in forward.items()}
+            for mode, factor in (("train", 3), ("eval", 1))}
+
+
+def measure_matmul_peak(size: int, dtype: str = "float32", min_seconds: float = 0.3,
+                        repeats: int = 5) -> dict:
+    """Times a jitted ``size``×``size`` matmul; returns the best and median FLOP/s.
+
+    Each timing runs enough back-to-back matmuls to last ``min_seconds`` (fast devices), and the
+    peak is the best of ``repeats`` timings (the CPU may be shared).
+    """
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(key_a, (size, size), jnp.dtype(dtype))
+    b = jax.random.normal(key_b, (size, size), jnp.dtype(dtype))
+    matmul = jax.jit(jnp.matmul)
+    jax.block_until_ready(matmul(a, b))
+    start = time.perf_counter()
+    jax.block_until_ready(matmul(a, b))
+    calls = max(1, int(min_seconds / max(time.perf_counter() - start, 1e-6)))
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = matmul(a, b)
+        jax.block_until_ready(out)
+        rates.append(2 * size ** 3 * calls / (time.perf_counter() - start))
+    return {"size": size, "dtype": dtype, "calls_per_timing": calls,
+            "peak_flops_per_s": max(rates), "median_flops_per_s": statistics.median(rates)}
+
+
+def main(argv=None) -> None:
+    """Measures the matmul peak on this process's default device; writes JSON to ``--out``."""
+    parser = argparse.ArgumentParser(description="matmul peak FLOP/s")
+    parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = measure_matmul_peak(args.size, args.dtype)
+    result.update(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
+                  device_kind=jax.devices()[0].device_kind)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

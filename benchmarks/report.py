@@ -1,0 +1,138 @@
+"""Markdown summary of a ``benchmarks.run`` results file (the tables for the README).
+
+    python -m benchmarks.report benchmarks/results/cpu.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+FLOPS_FORMULA = (
+    "Encoder model FLOPs per step, real rows only, at the batch's padded token length T: "
+    "train = 3 x forward, eval = 1 x forward, forward = 2*N*T*rows + 4*L*H*T^2*rows, "
+    "N = L*(4*H^2 + 2*H*I) matmul parameters (embeddings, LayerNorm, softmax, heads and "
+    "detector not counted). MFU = model FLOP/s / best measured jnp.matmul FLOP/s of the "
+    "compute dtype. mfu_real_tokens counts each row at its own length instead of T.")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return lines
+
+
+def _num(x: float, digits: int = 3) -> str:
+    """A number with ``digits`` significant digits, without exponent for everyday sizes."""
+    if x == 0:
+        return "0"
+    if abs(x) >= 10 ** digits:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def throughput_rows(cases: list[dict]) -> list[list]:
+    """One row per timed (case, mode)."""
+    rows = []
+    for c in cases:
+        if "error" in c:
+            spec = c.get("case", {})
+            rows.append([spec.get("model"), spec.get("layout"), spec.get("batch_size"), "-",
+                         f"error: {c['error']}"] + [""] * 8)
+            continue
+        b = c["batch"]
+        for mode in ("train", "eval"):
+            if mode not in c:
+                continue
+            t = c[mode]
+            rss = c["memory"].get(f"rss_peak_after_{mode}_mib")
+            dev = c["memory"].get(f"device_peak_after_{mode}_bytes")
+            memory = f"{rss / 1024:.2f}" + (f" / {dev / 2**30:.2f}" if dev else "")
+            rows.append([c["model"], c["layout"], c["batch_size"], mode,
+                         f"{b['real_rows']}/{b['encoder_rows']}x{b['seq_len']}",
+                         _num(t["step_s"]), _num(t["pairs_per_s"]), _num(t["real_rows_per_s"]),
+                         _num(t["tokens_per_s"]), _num(t["compile_s"]),
+                         f"{100 * t['mfu']:.1f}%" if "mfu" in t else "-",
+                         f"{100 * t['cpu_sys_s_per_step'] / max(t['cpu_user_s_per_step'] + t['cpu_sys_s_per_step'], 1e-9):.0f}%",
+                         memory])
+    return rows
+
+
+def markdown(results: dict) -> str:
+    """The summary tables of one results dict."""
+    env = results["environment"]
+    peaks = results["matmul_peak"]["best_flops_per_s"]
+    first = next(iter(results["matmul_peak"]["start"].values()), {})
+    lines = [f"Grid `{results['grid']}` on {first.get('device_kind', '?')} "
+             f"({first.get('backend', '?')}, {env['cpu_count']} CPUs, jax {env['jax']}); "
+             f"load average {results['load_average']['start'][0]:.1f} at the start, "
+             f"{results['load_average'].get('end', [float('nan')])[0]:.1f} at the end; "
+             "matmul peak " + ", ".join(f"{d} {p / 1e9:.1f} GFLOP/s" for d, p in peaks.items())
+             + f"; total {results.get('total_s', 0):.0f} s.", ""]
+    lines += _table(["model", "layout", "B", "mode", "real rows / R x T", "step s", "pairs/s",
+                     "real rows/s", "tokens/s", "compile s", "MFU", "sys CPU",
+                     "peak RSS GiB"], throughput_rows(results["cases"]))
+    if results.get("ratios"):
+        lines += ["", "Packed layout over the reference layout (pairs/s):", ""]
+        lines += _table(["model", "mode", "packed B", "packed pairs/s", "reference pairs/s",
+                         "ratio"],
+                        [[r["model"], r["mode"], r["batch_size"], _num(r["packed_pairs_per_s"]),
+                          _num(r["reference_pairs_per_s"]), f"{r['ratio']:.2f}x"]
+                         for r in results["ratios"]])
+    layout_rows = []
+    for c in results["cases"]:
+        if "error" in c or c["layout"] != "packed":
+            continue
+        s = c["epoch_layout"]
+        layout_rows.append([c["model"], s["batch_size"]] + [
+            f"{100 * s[k]['real_row_fraction']:.0f}% / {100 * s[k]['real_token_fraction']:.0f}%"
+            f" / {s[k]['distinct_shapes']}" for k in ("packed", "dense", "reference_dense")])
+    if layout_rows:
+        lines += ["", "One epoch over the dev pairs: real rows / real tokens / distinct "
+                  "encoder shapes (compilations) per layout:", ""]
+        lines += _table(["model", "B", "packed", "dense (bucketed E)", "reference"],
+                        layout_rows)
+    curve_rows = []
+    for curve in results.get("epoch_curves", []):
+        if "error" in curve:
+            curve_rows.append([curve.get("curve", {}).get("model"), "-", "-",
+                               f"error: {curve['error']}"] + [""] * 4)
+            continue
+        for p in curve["points"]:
+            curve_rows.append([curve["model"], curve["layout"], curve["batch_size"],
+                               f"{p['repeat']}x", p["pairs"], p["steps"], _num(p["epoch_s"]),
+                               _num(p["pairs_per_s"])])
+    if curve_rows:
+        lines += ["", "Training epochs over the dev pairs repeated 1x/2x/4x (every batch shape "
+                  "compiled beforehand):", ""]
+        lines += _table(["model", "layout", "B", "data", "pairs", "steps", "epoch s",
+                         "pairs/s"], curve_rows)
+        for curve in results.get("epoch_curves", []):
+            if "error" in curve:
+                continue
+            c = curve["compile"]
+            line = (f"\n{curve['model']} {curve['layout']} B={curve['batch_size']}: "
+                    f"{c['shapes']} batch shapes compiled in {c['compile_s']:.1f} s "
+                    f"({c['shapes_in_first_epoch']} in the 1x epoch, which with them takes "
+                    f"{curve['first_epoch_s']:.1f} s)")
+            if curve.get("fit"):
+                f = curve["fit"]
+                line += (f"; warm epochs: {1000 * f['s_per_pair']:.1f} ms per pair "
+                         f"{'+' if f['fixed_s'] >= 0 else '-'} {abs(f['fixed_s']):.1f} s")
+            lines.append(line + ".")
+    if results.get("skipped"):
+        lines += ["", "Not run in this grid:", ""]
+        lines += [f"- {s['model']} {s['layout']} B={s['batch_size']} "
+                  f"{'/'.join(s['modes'])}: {s['reason']}" for s in results["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    """Prints the markdown summary of a results file."""
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        print(markdown(json.load(f)))
+
+
+if __name__ == "__main__":
+    main()

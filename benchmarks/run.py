@@ -1,0 +1,341 @@
+"""Train/eval throughput, MFU, memory, compile time and epoch time of the tiered model: one command.
+
+    python -m benchmarks.run --out benchmarks/results/cpu.json          # CPU grid, < 15 min
+    python -m benchmarks.run --device --out benchmarks/results/device.json   # GPU (device.sh)
+    python -m benchmarks.run --smoke --out /tmp/smoke.json              # seconds-size check
+    python -m benchmarks.run --device --smoke --out /tmp/device_smoke.json   # GPU path, on CPU
+
+Every case (model × layout × batch size) runs in its own process (``benchmarks.train_speed``)
+so that its peak memory is its own; so do the epoch curves (``benchmarks.epoch_time``) and the
+matmul peak (``benchmarks.flops``), measured at the start and at the end of the run (MFU uses
+the better one). The JSON holds the environment, the load average before every case, each
+case's record, the cases left out of the grid and why, the packed/reference ratios and the
+markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
+
+``--models``, ``--batch-sizes``, ``--skip-curves``, ``--dtype``, ``--remat``, ``--prng-impl``,
+``--sort-window`` and ``--compile-cache`` narrow or change the grid for before/after experiments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One timed case; ``modes`` are the steps timed ("eval", "train")."""
+
+    model: str
+    layout: str
+    batch_size: int
+    modes: tuple[str, ...] = ("eval", "train")
+    iters: int = 2
+    max_pairs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A grid cell left out, and why (recorded in the results)."""
+
+    model: str
+    layout: str
+    batch_size: int
+    modes: tuple[str, ...]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """One epoch-time curve."""
+
+    model: str
+    batch_size: int
+    layout: str = "packed"
+    reps: tuple[int, ...] = (1, 2, 4)
+    max_pairs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """What one run measures."""
+
+    name: str
+    cases: tuple[Case, ...]
+    skipped: tuple[Skipped, ...]
+    curves: tuple[Curve, ...]
+    peak_size: int
+    peak_dtypes: tuple[str, ...]
+
+
+def _cpu_grid() -> Grid:
+    """The CPU grid: 2 cores; iters=1 where one step takes tens of seconds."""
+    ref = "reference_dense"
+    cases = (
+        *(Case("tiny", "packed", b, iters=3) for b in (1, 8, 32)),
+        Case("tiny", ref, 1, iters=3),
+        Case("minilm", "packed", 1),
+        Case("minilm", ref, 1),
+        Case("minilm", "packed", 8, iters=1),
+        Case("minilm", "packed", 32, modes=("eval",), iters=1),
+        Case("base", "packed", 1, iters=1),
+        Case("base", ref, 1, modes=("eval",), iters=1),
+    )
+    skipped = (
+        Skipped("minilm", "packed", 32, ("train",),
+                "CPU: ~3000 encoder rows a step need ~37 GB of activations (12 MB a row "
+                "measured at batch 1/8) and ~2-3 min a step; the device grid covers it"),
+        Skipped("base", "packed", 8, ("eval", "train"),
+                "CPU: ~15 s per pair per train step; left to the device grid"),
+        Skipped("base", "packed", 32, ("eval", "train"),
+                "CPU: ~15 s per pair per train step; left to the device grid"),
+        Skipped("base", ref, 1, ("train",),
+                "CPU: 266 rows a step, ~40 s a train step and ~13 GB; eval only"),
+    )
+    curves = (Curve("tiny", 32),)
+    return Grid("cpu", cases, skipped, curves, peak_size=2048, peak_dtypes=("float32",))
+
+
+def _device_grid() -> Grid:
+    """The GPU grid: RoBERTa-large-sized, bfloat16, larger batches (one prepared run)."""
+    ref = "reference_dense"
+    cases = (
+        *(Case("large", "packed", b, iters=5) for b in (8, 32, 64)),
+        Case("large", ref, 1, iters=5),
+    )
+    curves = (Curve("large", 32), Curve("large", 1, layout=ref, reps=(1,)))
+    return Grid("device", cases, (), curves, peak_size=8192,
+                peak_dtypes=("bfloat16", "float32"))
+
+
+def _smoke_grid(device: bool) -> Grid:
+    """A seconds-size grid over the same code paths (tests, and a check before a long run)."""
+    model = "smoke_large" if device else "tiny"
+    cases = (Case(model, "packed", 2, iters=1, max_pairs=4),
+             Case(model, "reference_dense", 1, modes=("eval",), iters=1, max_pairs=4))
+    curves = (Curve(model, 2, reps=(1, 2), max_pairs=4),)
+    return Grid("device_smoke" if device else "smoke", cases, (), curves, peak_size=256,
+                peak_dtypes=("bfloat16", "float32") if device else ("float32",))
+
+
+def select_grid(*, device: bool, smoke: bool) -> Grid:
+    """The grid of a run."""
+    if smoke:
+        return _smoke_grid(device)
+    return _device_grid() if device else _cpu_grid()
+
+
+def narrow(grid: Grid, models: list[str] | None, batch_sizes: list[int] | None,
+           skip_curves: bool) -> Grid:
+    """Keeps only the given models and batch sizes (the reference layout's batch size is 1)."""
+    def keep(model, batch_size):
+        return ((models is None or model in models)
+                and (batch_sizes is None or batch_size in batch_sizes))
+
+    return dataclasses.replace(
+        grid,
+        cases=tuple(c for c in grid.cases if keep(c.model, c.batch_size)),
+        skipped=tuple(s for s in grid.skipped if keep(s.model, s.batch_size)),
+        curves=() if skip_curves else tuple(
+            c for c in grid.curves if keep(c.model, c.batch_size)))
+
+
+def _run_module(module: str, args: list[str], timeout: int, env: dict) -> dict:
+    """Runs ``python -m module args --out FILE`` and returns the JSON it wrote, or an error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-m", module, *args, "--out", out],
+                                  cwd=REPO, env=env, timeout=timeout, capture_output=True,
+                                  text=True)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout} s"}
+        wall_s = time.perf_counter() - start
+        if proc.returncode != 0 or not os.path.exists(out):
+            return {"error": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
+        with open(out) as f:
+            result = json.load(f)
+    result["process_wall_s"] = wall_s
+    return result
+
+
+def _environment() -> dict:
+    import flax
+    import jax
+    import jaxlib
+
+    return {"python": platform.python_version(), "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "memory_total_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+            "platform": platform.platform(),
+            # Settings that change XLA or the allocator, inherited by every process.
+            "env": {k: v for k, v in os.environ.items()
+                    if k.startswith(("XLA_", "JAX_", "GLIBC_", "MALLOC_", "LD_PRELOAD"))}}
+
+
+def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
+    spec = {"model": case.model, "layout": case.layout, "batch_size": case.batch_size,
+            "modes": list(case.modes), "iters": case.iters, "max_pairs": case.max_pairs}
+    for key in ("dtype", "remat", "prng_impl"):
+        if getattr(options, key) is not None:
+            spec[key] = getattr(options, key)
+    return ["--case", json.dumps(spec)]
+
+
+def _curve_args(curve: Curve, options: argparse.Namespace) -> list[str]:
+    args = ["--model", curve.model, "--batch-size", str(curve.batch_size), "--layout",
+            curve.layout, "--reps", ",".join(map(str, curve.reps)),
+            "--max-pairs", str(curve.max_pairs)]
+    if options.dtype:
+        args += ["--dtype", options.dtype]
+    if options.prng_impl:
+        args += ["--prng-impl", options.prng_impl]
+    if options.sort_window:
+        args += ["--sort-window", str(options.sort_window)]
+    return args
+
+
+def measure_peaks(grid: Grid, env: dict, timeout: int) -> dict:
+    """The matmul peak of each dtype of the grid, in a fresh process."""
+    return {dtype: _run_module("benchmarks.flops", ["--size", str(grid.peak_size),
+                                                    "--dtype", dtype], timeout, env)
+            for dtype in grid.peak_dtypes}
+
+
+def add_mfu(cases: list[dict], peaks: dict) -> None:
+    """Adds ``mfu`` (model FLOP/s over the best measured matmul peak of the case's compute
+    dtype) and ``mfu_real_tokens`` to every timed mode of every case."""
+    for record in cases:
+        if "error" in record:
+            continue
+        best = peaks.get(record["dtype"]) or peaks.get("float32")
+        for mode in ("eval", "train"):
+            if mode in record and best:
+                timed = record[mode]
+                timed["peak_flops_per_s"] = best
+                timed["mfu"] = timed["model_flops_per_s"] / best
+                timed["mfu_real_tokens"] = timed["model_flops_real_tokens"] / timed["step_s"] / best
+
+
+def ratios(cases: list[dict]) -> list[dict]:
+    """Packed pairs/s over reference-layout pairs/s, per model, mode and packed batch size."""
+    ok = [c for c in cases if "error" not in c]
+    result = []
+    for ref in (c for c in ok if c["layout"] == "reference_dense"):
+        for packed in (c for c in ok if c["layout"] == "packed" and c["model"] == ref["model"]):
+            for mode in ("eval", "train"):
+                if mode in ref and mode in packed:
+                    result.append({
+                        "model": ref["model"], "mode": mode, "batch_size": packed["batch_size"],
+                        "packed_pairs_per_s": packed[mode]["pairs_per_s"],
+                        "reference_pairs_per_s": ref[mode]["pairs_per_s"],
+                        "ratio": packed[mode]["pairs_per_s"] / ref[mode]["pairs_per_s"]})
+    return result
+
+
+def best_peaks(start: dict, end: dict) -> dict:
+    """The better of the start and end peak per dtype (the CPU may be shared)."""
+    best = {}
+    for dtype in start:
+        values = [p["peak_flops_per_s"] for p in (start[dtype], end.get(dtype, {}))
+                  if "peak_flops_per_s" in p]
+        if values:
+            best[dtype] = max(values)
+    return best
+
+
+def main(argv=None) -> dict:
+    """Runs the grid and writes the results JSON (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/cpu.json")
+    parser.add_argument("--device", action="store_true", help="the GPU grid")
+    parser.add_argument("--smoke", action="store_true", help="a seconds-size grid")
+    parser.add_argument("--models", default=None, help="comma-separated subset of the grid")
+    parser.add_argument("--batch-sizes", default=None,
+                        help="batch sizes to keep (the reference layout is 1)")
+    parser.add_argument("--skip-curves", action="store_true")
+    parser.add_argument("--dtype", default=None, help="override model.dtype")
+    parser.add_argument("--remat", default=None, action="store_true",
+                        help="model.remat = True")
+    parser.add_argument("--prng-impl", default=None,
+                        help="jax_default_prng_impl (threefry2x32, rbg, unsafe_rbg)")
+    parser.add_argument("--sort-window", type=int, default=0,
+                        help="epoch curves: batch pairs of similar size (proposed option)")
+    parser.add_argument("--compile-cache", default=None,
+                        help="persistent jax compilation cache directory for every process")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
+    options = parser.parse_args(argv)
+
+    grid = narrow(select_grid(device=options.device, smoke=options.smoke),
+                  options.models.split(",") if options.models else None,
+                  [int(b) for b in options.batch_sizes.split(",")] if options.batch_sizes
+                  else None, options.skip_curves)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if options.compile_cache:
+        env["JAX_COMPILATION_CACHE_DIR"] = options.compile_cache
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    started = time.perf_counter()
+    results = {"command": [sys.argv[0], *(sys.argv[1:] if argv is None else argv)],
+               "grid": grid.name, "environment": _environment(),
+               "load_average": {"start": os.getloadavg()},
+               "flops_formula": report.FLOPS_FORMULA,
+               "options": {k: v for k, v in vars(options).items() if k != "out"}}
+    peaks_start = measure_peaks(grid, env, options.timeout)
+    cases = []
+    for case in grid.cases:
+        load = os.getloadavg()
+        print(f"case {case.model} {case.layout} B={case.batch_size} {','.join(case.modes)} "
+              f"(load {load[0]:.1f})", file=sys.stderr, flush=True)
+        record = _run_module("benchmarks.train_speed", _case_args(case, options),
+                             options.timeout, env)
+        record.setdefault("case", dataclasses.asdict(case))
+        record["load_average_before"] = load
+        cases.append(record)
+    curves = []
+    for curve in grid.curves:
+        load = os.getloadavg()
+        print(f"epoch curve {curve.model} {curve.layout} B={curve.batch_size} (load "
+              f"{load[0]:.1f})", file=sys.stderr, flush=True)
+        record = _run_module("benchmarks.epoch_time", _curve_args(curve, options),
+                             options.timeout, env)
+        record.setdefault("curve", dataclasses.asdict(curve))
+        record["load_average_before"] = load
+        curves.append(record)
+    peaks_end = measure_peaks(grid, env, options.timeout)
+    peaks = best_peaks(peaks_start, peaks_end)
+    add_mfu(cases, peaks)
+    results.update({
+        "matmul_peak": {"start": peaks_start, "end": peaks_end, "best_flops_per_s": peaks},
+        "cases": cases,
+        "skipped": [dataclasses.asdict(s) for s in grid.skipped],
+        "ratios": ratios(cases),
+        "epoch_curves": curves,
+    })
+    results["load_average"]["end"] = os.getloadavg()
+    results["total_s"] = time.perf_counter() - started
+    results["markdown"] = report.markdown(results)
+    out = Path(options.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(results["markdown"])
+    print(f"wrote {out} in {results['total_s']:.0f} s", file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The benchmark harness end to end at smoke size: the JSON it writes has every expected field.
+
+Runs ``python -m benchmarks.run --smoke`` (tiny model, 4 dev pairs, one step per timing) and
+the GPU grid's code path (``--device --smoke``: RoBERTa-type encoder in bfloat16) on CPU, on the
+shared TRIP data. No timing is asserted: the CPU is shared. A persistent compilation cache
+shared by the processes keeps the run short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from benchmarks import flops, models, run
+from trip_jax.models.tiered import TieredConfig
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
+
+TIMED_FIELDS = {"compile_s", "first_call_s", "step_s", "pairs_per_s", "real_rows_per_s",
+                "tokens_per_s", "model_flops", "model_flops_per_s", "mfu", "xla_flops",
+                "cpu_user_s_per_step", "cpu_sys_s_per_step"}
+
+
+@pytest.fixture(autouse=True)
+def data_dir(monkeypatch):
+    """Points the benchmark processes at the shared TRIP data."""
+    monkeypatch.setenv("TRIP_DATA_DIR", DATA_DIR)
+
+
+def run_smoke(tmp_path, *flags) -> dict:
+    """Runs a smoke grid; returns the JSON written (and checks it equals the return value)."""
+    out = tmp_path / "results.json"
+    returned = run.main(["--smoke", "--out", str(out),
+                         "--compile-cache", str(tmp_path / "jax_cache"), *flags])
+    written = json.loads(out.read_text())
+    assert written["grid"] == returned["grid"]
+    return written
+
+
+def check_case(case: dict, layout: str, modes: tuple[str, ...]) -> None:
+    assert "error" not in case, case.get("stderr_tail")
+    assert case["layout"] == layout
+    batch = case["batch"]
+    assert 0 < batch["real_rows"] <= batch["encoder_rows"]
+    assert 0 < batch["real_tokens"] <= batch["encoder_tokens"]
+    for mode in modes:
+        timed = case[mode]
+        assert TIMED_FIELDS <= timed.keys(), TIMED_FIELDS - timed.keys()
+        assert timed["step_s"] > 0 and timed["compile_s"] > 0
+        assert timed["model_flops"] > 0 and 0 < timed["mfu"]
+        assert case["memory"][f"rss_peak_after_{mode}_mib"] >= case["memory"][
+            "rss_after_setup_mib"] > 0
+    # A train step is three forward passes of the same rows.
+    if "train" in modes and "eval" in modes:
+        assert case["train"]["model_flops"] == pytest.approx(3 * case["eval"]["model_flops"])
+    summary = case["epoch_layout"]
+    for name in ("packed", "dense", "reference_dense"):
+        assert 0 < summary[name]["real_row_fraction"] <= 1
+        assert summary[name]["distinct_shapes"] >= 1
+
+
+def test_cpu_smoke_results(tmp_path):
+    results = run_smoke(tmp_path)
+    assert results["grid"] == "smoke"
+    assert results["matmul_peak"]["best_flops_per_s"]["float32"] > 0
+    assert len(results["load_average"]["start"]) == 3
+    packed, reference = results["cases"]
+    check_case(packed, "packed", ("eval", "train"))
+    check_case(reference, "reference_dense", ("eval",))
+    assert packed["batch"]["pairs"] == 2 and reference["batch"]["pairs"] == 1
+    # The reference pads to the data's largest story: more encoder rows than real ones.
+    assert reference["batch"]["encoder_rows"] > reference["batch"]["real_rows"]
+    [ratio] = results["ratios"]
+    assert ratio["mode"] == "eval" and ratio["ratio"] == pytest.approx(
+        ratio["packed_pairs_per_s"] / ratio["reference_pairs_per_s"])
+    [curve] = results["epoch_curves"]
+    assert "error" not in curve, curve.get("stderr_tail")
+    assert [(p["repeat"], p["pairs"]) for p in curve["points"]] == [(1, 4), (2, 8)]
+    # Every shape is compiled before the timed epochs, so they compile nothing new.
+    assert curve["compile"]["shapes"] >= curve["compile"]["shapes_in_first_epoch"] >= 1
+    assert [p["new_shapes"] for p in curve["points"]] == [0, 0]
+    assert curve["first_epoch_s"] > curve["points"][0]["epoch_s"]
+    assert set(curve["fit"]) == {"s_per_pair", "fixed_s"}
+    assert "| tiny | packed | 2 | train |" in results["markdown"]
+
+
+def test_device_grid_runs_on_cpu(tmp_path):
+    results = run_smoke(tmp_path, "--device", "--skip-curves")
+    assert results["grid"] == "device_smoke"
+    assert set(results["matmul_peak"]["best_flops_per_s"]) == {"bfloat16", "float32"}
+    packed, reference = results["cases"]
+    check_case(packed, "packed", ("eval", "train"))
+    check_case(reference, "reference_dense", ("eval",))
+    assert packed["dtype"] == "bfloat16" and packed["encoder"]["model_type"] == "roberta"
+    assert results["epoch_curves"] == []
+
+
+def test_device_grid_is_roberta_large_bf16_at_large_batches():
+    grid = run.select_grid(device=True, smoke=False)
+    packed = sorted(c.batch_size for c in grid.cases if c.layout == "packed")
+    assert packed == [8, 32, 64]
+    assert {c.model for c in grid.cases} == {"large"}
+    config = models.model_config("large")
+    assert config.model.dtype == "bfloat16"
+    assert config.model.random_encoder.hidden_size == 1024
+    assert config.model.random_encoder.num_hidden_layers == 24
+
+
+def test_encoder_flops_formula():
+    class Config:
+        hidden_size, intermediate_size, num_hidden_layers = 4, 8, 2
+
+    n = flops.encoder_matmul_params(Config)
+    assert n == 2 * (4 * 16 + 2 * 4 * 8)
+    # Two rows of 3 tokens: matmuls 2·N per token, attention 4·L·H·T² per row.
+    assert flops.encoder_forward_flops(Config, [3, 3]) == 2 * n * 6 + 2 * (4 * 2 * 4 * 9)
+    assert flops.heads_detector_forward_flops(4, TieredConfig(), 0) == 0
+
