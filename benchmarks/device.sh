@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU benchmark as one prepared run: a RoBERTa-large-sized random encoder in bfloat16,
-# packed batches of 8/32/64 pairs and the reference's dense layout (one pair a batch), the train
-# and eval steps, MFU against the measured bf16/f32 matmul peaks, and the epoch curve (1x/2x/4x
-# the dev pairs) at 32 pairs a batch.
+# packed batches of 8/32/64 pairs (64 with remat, 32 with and without) and the reference's
+# dense layout (one pair a batch), the train and eval steps, MFU against the measured bf16/f32
+# matmul peaks, and the epoch curve (1x/2x/4x the dev pairs) at 32 pairs a batch.
 #
 #   benchmarks/device.sh [OUT_DIR] [extra benchmarks.run flags]   (from anywhere)
 #
 # OUT_DIR defaults to benchmarks/results. Sized for about 8-10 minutes on one H200 (compiling
-# the 24-layer train step dominates; estimated, not yet run: no GPU was lent when it was
-# written). To fit a shorter slot: --batch-sizes 1,32 --skip-curves. Each case runs in its own
+# the 24-layer train step dominates; an estimate: no GPU was lent when it was written). To fit
+# a shorter slot: --batch-sizes 1,32 --skip-curves. Each case runs in its own
 # process with a time limit, so one failing case is recorded in the JSON and the rest still run;
 # `python -m benchmarks.run --device --smoke` checks the same code path in seconds.
 set -euo pipefail
@@ -28,4 +28,7 @@ if [[ "$backend" != "gpu" && "${ALLOW_CPU:-0}" != "1" ]]; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
 mkdir -p "$out_dir"
-python -m benchmarks.run --device --timeout 300 --out "$out_dir/device.json" "$@"
+# A compilation cache shared by the processes: the parameter init and the curve's first
+# shapes compile once. The JSON is rewritten after every case, so a cut-short run keeps them.
+python -m benchmarks.run --device --timeout 300 --compile-cache "${TMPDIR:-/tmp}/trip_jax_cache" \
+  --out "$out_dir/device.json" "$@"

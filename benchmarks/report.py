@@ -31,6 +31,14 @@ def _num(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def _model(record: dict) -> str:
+    """The model name, with its compute dtype unless float32 and "remat" when on."""
+    name = record["model"]
+    if record.get("dtype", "float32") != "float32":
+        name += f" {record['dtype']}"
+    return name + (" remat" if record.get("remat") else "")
+
+
 def throughput_rows(cases: list[dict]) -> list[list]:
     """One row per timed (case, mode)."""
     rows = []
@@ -48,7 +56,7 @@ def throughput_rows(cases: list[dict]) -> list[list]:
             rss = c["memory"].get(f"rss_peak_after_{mode}_mib")
             dev = c["memory"].get(f"device_peak_after_{mode}_bytes")
             memory = f"{rss / 1024:.2f}" + (f" / {dev / 2**30:.2f}" if dev else "")
-            rows.append([c["model"], c["layout"], c["batch_size"], mode,
+            rows.append([_model(c), c["layout"], c["batch_size"], mode,
                          f"{b['real_rows']}/{b['encoder_rows']}x{b['seq_len']}",
                          _num(t["step_s"]), _num(t["pairs_per_s"]), _num(t["real_rows_per_s"]),
                          _num(t["tokens_per_s"]), _num(t["compile_s"]),
@@ -68,7 +76,9 @@ def markdown(results: dict) -> str:
              f"load average {results['load_average']['start'][0]:.1f} at the start, "
              f"{results['load_average'].get('end', [float('nan')])[0]:.1f} at the end; "
              "matmul peak " + ", ".join(f"{d} {p / 1e9:.1f} GFLOP/s" for d, p in peaks.items())
-             + f"; total {results.get('total_s', 0):.0f} s.", ""]
+             + f"; total {results.get('total_s', 0):.0f} s"
+             + ("." if results.get("complete", True) else " (incomplete: still running or cut "
+                "short)."), ""]
     lines += _table(["model", "layout", "B", "mode", "real rows / R x T", "step s", "pairs/s",
                      "real rows/s", "tokens/s", "compile s", "MFU", "sys CPU",
                      "peak RSS GiB"], throughput_rows(results["cases"]))
@@ -76,7 +86,8 @@ def markdown(results: dict) -> str:
         lines += ["", "Packed layout over the reference layout (pairs/s):", ""]
         lines += _table(["model", "mode", "packed B", "packed pairs/s", "reference pairs/s",
                          "ratio"],
-                        [[r["model"], r["mode"], r["batch_size"], _num(r["packed_pairs_per_s"]),
+                        [[r["model"] + (" remat" if r.get("remat") else ""), r["mode"],
+                          r["batch_size"], _num(r["packed_pairs_per_s"]),
                           _num(r["reference_pairs_per_s"]), f"{r['ratio']:.2f}x"]
                          for r in results["ratios"]])
     layout_rows = []

@@ -44,6 +44,7 @@ class Case:
     modes: tuple[str, ...] = ("eval", "train")
     iters: int = 2
     max_pairs: int = 0
+    remat: bool | None = None  # None: the config's (or --remat)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,11 +112,17 @@ def _cpu_grid() -> Grid:
 def _device_grid() -> Grid:
     """The GPU grid: RoBERTa-large-sized, bfloat16, larger batches (one prepared run)."""
     ref = "reference_dense"
+    # Without remat a RoBERTa-large train step keeps ~1 MB of activations per token (24
+    # layers), ~100 GB at 32 pairs (~100k tokens): batch 64 needs remat on a 141 GB H200, and
+    # batch 32 runs both ways (remat's memory/time trade, measured).
     cases = (
-        *(Case("large", "packed", b, iters=5) for b in (8, 32, 64)),
         Case("large", ref, 1, iters=5),
+        Case("large", "packed", 8, iters=5),
+        Case("large", "packed", 32, iters=5),
+        Case("large", "packed", 32, modes=("train",), iters=5, remat=True),
+        Case("large", "packed", 64, iters=5, remat=True),
     )
-    curves = (Curve("large", 32), Curve("large", 1, layout=ref, reps=(1,)))
+    curves = (Curve("large", 32),)
     return Grid("device", cases, (), curves, peak_size=8192,
                 peak_dtypes=("bfloat16", "float32"))
 
@@ -193,6 +200,8 @@ def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
     for key in ("dtype", "remat", "prng_impl"):
         if getattr(options, key) is not None:
             spec[key] = getattr(options, key)
+    if case.remat is not None:
+        spec["remat"] = case.remat
     return ["--case", json.dumps(spec)]
 
 
@@ -241,6 +250,7 @@ def ratios(cases: list[dict]) -> list[dict]:
                 if mode in ref and mode in packed:
                     result.append({
                         "model": ref["model"], "mode": mode, "batch_size": packed["batch_size"],
+                        "remat": packed["remat"],
                         "packed_pairs_per_s": packed[mode]["pairs_per_s"],
                         "reference_pairs_per_s": ref[mode]["pairs_per_s"],
                         "ratio": packed[mode]["pairs_per_s"] / ref[mode]["pairs_per_s"]})
@@ -256,6 +266,21 @@ def best_peaks(start: dict, end: dict) -> dict:
         if values:
             best[dtype] = max(values)
     return best
+
+
+def save(results: dict, out: Path, started: float) -> None:
+    """Derives MFU, ratios and the summary from what has run so far and writes the JSON
+    (after every case, so that a run cut short keeps its finished cases)."""
+    peaks = results["matmul_peak"]
+    peaks["best_flops_per_s"] = best_peaks(peaks["start"], peaks.get("end", {}))
+    add_mfu(results["cases"], peaks["best_flops_per_s"])
+    results["ratios"] = ratios(results["cases"])
+    results["total_s"] = time.perf_counter() - started
+    results["markdown"] = report.markdown(results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".tmp")
+    partial.write_text(json.dumps(results, indent=1) + "\n")
+    partial.replace(out)
 
 
 def main(argv=None) -> dict:
@@ -290,13 +315,15 @@ def main(argv=None) -> dict:
         env["JAX_COMPILATION_CACHE_DIR"] = options.compile_cache
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     started = time.perf_counter()
+    out = Path(options.out)
     results = {"command": [sys.argv[0], *(sys.argv[1:] if argv is None else argv)],
-               "grid": grid.name, "environment": _environment(),
+               "grid": grid.name, "complete": False, "environment": _environment(),
                "load_average": {"start": os.getloadavg()},
                "flops_formula": report.FLOPS_FORMULA,
-               "options": {k: v for k, v in vars(options).items() if k != "out"}}
-    peaks_start = measure_peaks(grid, env, options.timeout)
-    cases = []
+               "options": {k: v for k, v in vars(options).items() if k != "out"},
+               "matmul_peak": {"start": measure_peaks(grid, env, options.timeout)},
+               "cases": [], "skipped": [dataclasses.asdict(s) for s in grid.skipped],
+               "epoch_curves": []}
     for case in grid.cases:
         load = os.getloadavg()
         print(f"case {case.model} {case.layout} B={case.batch_size} {','.join(case.modes)} "
@@ -305,8 +332,8 @@ def main(argv=None) -> dict:
                              options.timeout, env)
         record.setdefault("case", dataclasses.asdict(case))
         record["load_average_before"] = load
-        cases.append(record)
-    curves = []
+        results["cases"].append(record)
+        save(results, out, started)
     for curve in grid.curves:
         load = os.getloadavg()
         print(f"epoch curve {curve.model} {curve.layout} B={curve.batch_size} (load "
@@ -315,23 +342,12 @@ def main(argv=None) -> dict:
                              options.timeout, env)
         record.setdefault("curve", dataclasses.asdict(curve))
         record["load_average_before"] = load
-        curves.append(record)
-    peaks_end = measure_peaks(grid, env, options.timeout)
-    peaks = best_peaks(peaks_start, peaks_end)
-    add_mfu(cases, peaks)
-    results.update({
-        "matmul_peak": {"start": peaks_start, "end": peaks_end, "best_flops_per_s": peaks},
-        "cases": cases,
-        "skipped": [dataclasses.asdict(s) for s in grid.skipped],
-        "ratios": ratios(cases),
-        "epoch_curves": curves,
-    })
+        results["epoch_curves"].append(record)
+        save(results, out, started)
+    results["matmul_peak"]["end"] = measure_peaks(grid, env, options.timeout)
     results["load_average"]["end"] = os.getloadavg()
-    results["total_s"] = time.perf_counter() - started
-    results["markdown"] = report.markdown(results)
-    out = Path(options.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    results["complete"] = True
+    save(results, out, started)
     print(results["markdown"])
     print(f"wrote {out} in {results['total_s']:.0f} s", file=sys.stderr)
     return results
