@@ -1,6 +1,8 @@
-"""Markdown summary of a ``benchmarks.run`` results file (the tables for the README).
+"""Markdown summary of a ``benchmarks.run`` results file (the tables for the README), or a
+before/after comparison of several.
 
     python -m benchmarks.report benchmarks/results/cpu.json
+    python -m benchmarks.report before.json after.json
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def markdown(results: dict) -> str:
             f" / {s[k]['distinct_shapes']}" for k in ("packed", "dense", "reference_dense")])
     if layout_rows:
         lines += ["", "One epoch over the dev pairs: real rows / real tokens / distinct "
-                  "encoder shapes (compilations) per layout:", ""]
+                  "batch shapes (one compilation each) per layout:", ""]
         lines += _table(["model", "B", "packed", "dense (bucketed E)", "reference"],
                         layout_rows)
     curve_rows = []
@@ -138,11 +140,37 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def comparison(runs: dict[str, dict]) -> str:
+    """One row per (run, case, mode) of several results files: a before/after table."""
+    rows = []
+    for label, results in runs.items():
+        options = results.get("options", {})
+        changed = ", ".join(f"{k}={v}" for k, v in options.items()
+                            if k in ("dtype", "remat", "prng_impl", "compile_cache") and v)
+        for c in results["cases"]:
+            if "error" in c:
+                continue
+            for mode in ("train", "eval"):
+                if mode in c:
+                    t = c[mode]
+                    rows.append([label, changed or "-", _model(c), c["layout"], c["batch_size"],
+                                 mode, _num(t["step_s"]), _num(t["pairs_per_s"]),
+                                 _num(t["compile_s"]), _num(t["xla_flops"] / 1e9),
+                                 f"{c['memory'][f'rss_peak_after_{mode}_mib'] / 1024:.2f}",
+                                 f"{c['load_average_before'][0]:.1f}"])
+    return "\n".join(_table(["run", "settings", "model", "layout", "B", "mode", "step s",
+                              "pairs/s", "compile s", "XLA GFLOP", "peak RSS GiB", "load"],
+                             rows)) + "\n"
+
+
 def main(argv=None) -> None:
-    """Prints the markdown summary of a results file."""
+    """Prints the markdown summary of a results file, or compares several."""
     argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        print(markdown(json.load(f)))
+    runs = {}
+    for path in argv:
+        with open(path) as f:
+            runs[path.rsplit("/", 1)[-1].removesuffix(".json")] = json.load(f)
+    print(markdown(next(iter(runs.values()))) if len(runs) == 1 else comparison(runs))
 
 
 if __name__ == "__main__":

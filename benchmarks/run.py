@@ -12,8 +12,9 @@ the better one). The JSON holds the environment, the load average before every c
 case's record, the cases left out of the grid and why, the packed/reference ratios and the
 markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
 
-``--models``, ``--batch-sizes``, ``--skip-curves``, ``--dtype``, ``--remat``, ``--prng-impl``,
-``--sort-window`` and ``--compile-cache`` narrow or change the grid for before/after experiments.
+``--models``, ``--batch-sizes``, ``--layouts``, ``--skip-curves``, ``--dtype``, ``--remat``,
+``--prng-impl``, ``--sort-window`` and ``--compile-cache`` narrow or change the grid for
+before/after experiments (``python -m benchmarks.report A.json B.json`` compares the runs).
 """
 
 from __future__ import annotations
@@ -145,18 +146,16 @@ def select_grid(*, device: bool, smoke: bool) -> Grid:
 
 
 def narrow(grid: Grid, models: list[str] | None, batch_sizes: list[int] | None,
-           skip_curves: bool) -> Grid:
-    """Keeps only the given models and batch sizes (the reference layout's batch size is 1)."""
-    def keep(model, batch_size):
-        return ((models is None or model in models)
-                and (batch_sizes is None or batch_size in batch_sizes))
+           layouts: list[str] | None, skip_curves: bool) -> Grid:
+    """Keeps only the given models, batch sizes (the reference layout's is 1) and layouts."""
+    def keep(item):
+        return ((models is None or item.model in models)
+                and (batch_sizes is None or item.batch_size in batch_sizes)
+                and (layouts is None or item.layout in layouts))
 
     return dataclasses.replace(
-        grid,
-        cases=tuple(c for c in grid.cases if keep(c.model, c.batch_size)),
-        skipped=tuple(s for s in grid.skipped if keep(s.model, s.batch_size)),
-        curves=() if skip_curves else tuple(
-            c for c in grid.curves if keep(c.model, c.batch_size)))
+        grid, cases=tuple(filter(keep, grid.cases)), skipped=tuple(filter(keep, grid.skipped)),
+        curves=() if skip_curves else tuple(filter(keep, grid.curves)))
 
 
 def _run_module(module: str, args: list[str], timeout: int, env: dict) -> dict:
@@ -292,6 +291,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--models", default=None, help="comma-separated subset of the grid")
     parser.add_argument("--batch-sizes", default=None,
                         help="batch sizes to keep (the reference layout is 1)")
+    parser.add_argument("--layouts", default=None, help="packed and/or reference_dense")
     parser.add_argument("--skip-curves", action="store_true")
     parser.add_argument("--dtype", default=None, help="override model.dtype")
     parser.add_argument("--remat", default=None, action="store_true",
@@ -308,7 +308,8 @@ def main(argv=None) -> dict:
     grid = narrow(select_grid(device=options.device, smoke=options.smoke),
                   options.models.split(",") if options.models else None,
                   [int(b) for b in options.batch_sizes.split(",")] if options.batch_sizes
-                  else None, options.skip_curves)
+                  else None, options.layouts.split(",") if options.layouts else None,
+                  options.skip_curves)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if options.compile_cache:

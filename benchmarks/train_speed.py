@@ -81,8 +81,8 @@ def time_step(lowerable, call: Callable[[], object], iters: int, args: tuple) ->
     runs = max(iters, 1)
     return {"compile_s": compile_s, "first_run_s": first_run_s,
             "first_call_s": compile_s + first_run_s, "step_s": step_s, "step_s_all": times,
-            # CPU seconds per step: user (compute threads) and system (mostly page faults of
-            # freshly mapped buffers).
+            # CPU seconds per step: user (compute threads) and system (kernel time: page
+            # faults of new buffers, thread-pool synchronisation).
             "cpu_user_s_per_step": (after.ru_utime - usage.ru_utime) / runs,
             "cpu_sys_s_per_step": (after.ru_stime - usage.ru_stime) / runs,
             **_cost(compiled)}
