@@ -27,8 +27,10 @@ import jax
 import numpy as np
 
 from benchmarks import harness, padding
-from trip_jax import train
+from trip_jax import runtime, train
 from trip_jax.data import batching
+from trip_jax.schema import row_groups
+
 
 def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int,
             sort_window: int = 0):
@@ -39,7 +41,8 @@ def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: in
                                             seed=h.config.train.seed, epoch=epoch)
         return batching.batches([encoded[i] for i in order], batch_size, layout="packed",
                                 buckets=h.buckets, seq_len=h.seq_len,
-                                max_sentences=h.config.data.max_sentences)
+                                max_sentences=h.config.data.max_sentences,
+                                short_seq_len=h.config.data.short_seq_len or None)
     if layout == "packed":
         config = h.config.copy_and_resolve_references()
         config.data.layout = "packed"
@@ -52,8 +55,10 @@ def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: in
 
 
 def _shape(local: dict) -> tuple:
-    """What a jitted step compiles for: the encoder input and the (B, 2, E, S) grid."""
-    return (local["input_ids"].shape, local["row_mask"].shape)
+    """What a jitted step compiles for: each row group's encoder input and the (B, 2, E, S)
+    grid."""
+    return (*(local[prefix + "input_ids"].shape for prefix in row_groups(local)),
+            local["row_mask"].shape)
 
 
 def compile_shapes(h: harness.Harness, state, streams) -> dict[tuple, dict]:
@@ -100,11 +105,13 @@ def run_epoch(h: harness.Harness, state, stream, seen) -> tuple[object, dict]:
 def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
                 reps: tuple[int, ...] = (1, 2, 4), data_dir: str = "", max_pairs: int = 0,
                 dtype: str | None = None, prng_impl: str | None = None,
+                short_seq_len: int | None = None,
                 sort_window: int = 0) -> dict:
     """Compiles every shape, then times warm epochs at ``reps`` × the dev pairs."""
     if prng_impl:
-        jax.config.update("jax_default_prng_impl", prng_impl)
-    h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype)
+        runtime.set_prng_impl(prng_impl)
+    h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
+                              short_seq_len=short_seq_len)
 
     def stream(epoch: int):
         return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch, sort_window)
@@ -123,6 +130,7 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
         fit = {"s_per_pair": float(slope), "fixed_s": float(intercept)}
     return {"model": model, "layout": layout, "batch_size": batch_size,
             "dtype": h.config.model.dtype, "prng_impl": str(jax.config.jax_default_prng_impl),
+            "short_seq_len": int(h.config.data.short_seq_len),
             "sort_window": sort_window, "dev_pairs": len(h.encoded),
             "compile": {"shapes": len(compiled),
                         "shapes_in_first_epoch": sum(c["epoch"] == 0 for c in compiled.values()),
@@ -141,6 +149,7 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", default="1,2,4")
     parser.add_argument("--max-pairs", type=int, default=0)
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--short-seq-len", type=int, default=None)
     parser.add_argument("--prng-impl", default=None)
     parser.add_argument("--sort-window", type=int, default=0,
                         help="batches per size-sorting window (0: shuffled, as training does)")
@@ -149,6 +158,7 @@ def main(argv=None) -> None:
     result = epoch_curve(args.model, args.batch_size, layout=args.layout,
                          reps=tuple(int(r) for r in args.reps.split(",")),
                          max_pairs=args.max_pairs, dtype=args.dtype, prng_impl=args.prng_impl,
+                         short_seq_len=args.short_seq_len,
                          sort_window=args.sort_window)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

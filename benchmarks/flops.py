@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trip_jax.models.tiered import TieredConfig
+from trip_jax.schema import row_groups
 
 
 def encoder_matmul_params(hf_config) -> int:
@@ -60,19 +61,30 @@ def heads_detector_forward_flops(hidden: int, tiered: TieredConfig, slots: int) 
     return float(slots * (heads + projections + detector))
 
 
+def row_group_shapes(batch: dict[str, np.ndarray]) -> list[tuple[int, int, int]]:
+    """(encoder rows, real rows, token length) of each row group of a batch."""
+    slots = int(np.prod(batch["row_mask"].shape))
+    return [(*batch[prefix + "input_ids"].shape[:1],
+             int((batch[prefix + "row_index"] < slots).sum()),
+             batch[prefix + "input_ids"].shape[1]) for prefix in row_groups(batch)]
+
+
 def step_flops(hf_config, tiered: TieredConfig, batch: dict[str, np.ndarray],
                real_lengths: np.ndarray) -> dict[str, float]:
     """FLOPs of one step on ``batch`` per mode: forward ×3 for train, ×1 for eval.
 
-    ``real_lengths``: the token length of every real row of the batch.
+    ``real_lengths``: the token length of every real row of the batch. The model FLOPs count
+    each real row at its row group's token length.
     """
-    rows, seq_len = batch["input_ids"].shape
+    groups = row_group_shapes(batch)
     real_rows = int(batch["row_mask"].sum())
     slots = int(np.prod(batch["row_mask"].shape))
     forward = {
-        "model_flops": encoder_forward_flops(hf_config, np.full(real_rows, seq_len)),
+        "model_flops": sum(encoder_forward_flops(hf_config, np.full(real, seq_len))
+                           for _, real, seq_len in groups),
         "model_flops_real_tokens": encoder_forward_flops(hf_config, real_lengths),
-        "encoder_flops_all_rows": encoder_forward_flops(hf_config, np.full(rows, seq_len)),
+        "encoder_flops_all_rows": sum(encoder_forward_flops(hf_config, np.full(rows, seq_len))
+                                      for rows, _, seq_len in groups),
         "heads_detector_flops_real_rows": heads_detector_forward_flops(
             hf_config.hidden_size, tiered, real_rows),
         "heads_detector_flops_grid": heads_detector_forward_flops(

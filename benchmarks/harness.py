@@ -47,10 +47,11 @@ class Harness:
 
     @classmethod
     def build(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
-              dtype: str | None = None, remat: bool | None = None) -> "Harness":
+              dtype: str | None = None, remat: bool | None = None,
+              short_seq_len: int | None = None) -> "Harness":
         """Builds model ``name`` (see ``benchmarks.models``) on the dev pairs of ``data_dir``
         (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps only the first N pairs."""
-        config = models.model_config(name, dtype=dtype, remat=remat)
+        config = models.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
         config.data.data_dir = data_dir
         pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
         if max_pairs:
@@ -63,10 +64,9 @@ class Harness:
         tx, schedule = train.make_optimizer(config.train, _SCHEDULE_STEPS)
         state, shardings = train.create_train_state(config, model, tx, mesh, encoder_params)
         loss_config = losses.LossConfig.from_mapping(config.loss)
-        batch_keys = list(builders.example_batch(config.data.max_sentences))
         train_step = train.make_train_step(model, tx, schedule, loss_config, mesh, shardings,
-                                           batch_keys, config.train.seed)
-        eval_step = train.make_eval_step(model, loss_config, mesh, shardings.params, batch_keys)
+                                           config.train.seed)
+        eval_step = train.make_eval_step(model, loss_config, mesh, shardings.params)
         return cls(name, config, tokenizer, encoded, hf_config, mesh, state, train_step,
                    eval_step)
 
@@ -91,7 +91,8 @@ class Harness:
         """``pairs`` as one packed batch with the config's buckets (the training layout)."""
         return next(batching.batches(pairs, len(pairs), layout="packed", buckets=self.buckets,
                                      seq_len=self.seq_len,
-                                     max_sentences=self.config.data.max_sentences))
+                                     max_sentences=self.config.data.max_sentences,
+                                     short_seq_len=self.config.data.short_seq_len or None))
 
     def reference_dense_batch(self, pair: EncodedPair) -> dict[str, np.ndarray]:
         """One pair in the reference's layout (see ``reference_dense_shape``)."""
@@ -102,27 +103,22 @@ class Harness:
 
     def layout_summary(self, batch_size: int) -> dict:
         """Padding and compiled shapes of one epoch over the dev pairs at ``batch_size``: real
-        rows and real tokens over the encoder rows/tokens of the packed layout, of batching's
-        dense layout and of the reference layout, and each one's distinct batch shapes (one
-        compilation each) and encoder input shapes."""
+        rows and real tokens over the encoder rows/tokens of the packed layout (with the
+        config's short-row group), of batching's dense layout and of the reference layout, and
+        each one's distinct batch shapes (one compilation each)."""
         S = self.config.data.max_sentences
         stats = batching.layout_stats(self.encoded, batch_size, buckets=self.buckets,
-                                      seq_len=self.seq_len, max_sentences=S)
-        real_tokens = sum(int(s.lengths.sum()) for p in self.encoded for s in p.stories)
+                                      seq_len=self.seq_len, max_sentences=S,
+                                      short_seq_len=self.config.data.short_seq_len or None)
+        real_tokens = stats["real_tokens"]
         summary = {"batch_size": batch_size, "pairs": len(self.encoded),
                    "real_rows": stats["real_rows"], "real_tokens": real_tokens}
         for layout in features.LAYOUTS:
-            plans = batching.plan_batches(self.encoded, batch_size, layout=layout,
-                                          buckets=self.buckets, seq_len=self.seq_len,
-                                          max_sentences=S)
-            tokens = sum(p.num_rows * p.seq_len for p in plans)
             summary[layout] = {"rows": stats[f"{layout}_rows"],
                                "real_row_fraction": stats[f"{layout}_real_fraction"],
-                               "tokens": tokens, "real_token_fraction": real_tokens / tokens,
-                               "encoder_shapes": len(stats[f"{layout}_shapes"]),
-                               # A step compiles once per (R, T, E): E shapes row_mask & labels.
-                               "distinct_shapes": len({(p.num_rows, p.seq_len, p.num_entities)
-                                                       for p in plans})}
+                               "tokens": stats[f"{layout}_tokens"],
+                               "real_token_fraction": stats[f"{layout}_token_fraction"],
+                               "distinct_shapes": len(stats[f"{layout}_shapes"])}
         entities, seq_len = reference_dense_shape(self.encoded)
         rows = len(self.encoded) * 2 * entities * S
         summary["reference_dense"] = {

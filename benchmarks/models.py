@@ -48,11 +48,12 @@ def _random_encoder(encoder: dict) -> ml_collections.ConfigDict:
     return config
 
 
-def model_config(name: str, *, dtype: str | None = None,
-                 remat: bool | None = None) -> ml_collections.ConfigDict:
+def model_config(name: str, *, dtype: str | None = None, remat: bool | None = None,
+                 short_seq_len: int | None = None) -> ml_collections.ConfigDict:
     """Returns the run configuration of model ``name`` (see the module docstring).
 
-    ``dtype`` / ``remat`` override ``config.model.dtype`` / ``config.model.remat``.
+    ``dtype`` / ``remat`` / ``short_seq_len`` override ``config.model.dtype`` /
+    ``config.model.remat`` / ``config.data.short_seq_len``.
     """
     if name == "tiny":
         config = tiny.get_config()
@@ -74,4 +75,6 @@ def model_config(name: str, *, dtype: str | None = None,
         config.model.dtype = dtype
     if remat is not None:
         config.model.remat = remat
+    if short_seq_len is not None:
+        config.data.short_seq_len = short_seq_len
     return config

@@ -38,6 +38,7 @@ def _model(record: dict) -> str:
     name = record["model"]
     if record.get("dtype", "float32") != "float32":
         name += f" {record['dtype']}"
+    name += f" short{record['short_seq_len']}" if record.get("short_seq_len") else ""
     return name + (" remat" if record.get("remat") else "")
 
 
@@ -145,8 +146,8 @@ def comparison(runs: dict[str, dict]) -> str:
     rows = []
     for label, results in runs.items():
         options = results.get("options", {})
-        changed = ", ".join(f"{k}={v}" for k, v in options.items()
-                            if k in ("dtype", "remat", "prng_impl", "compile_cache") and v)
+        changed = ", ".join(f"{k}={v}" for k, v in options.items() if k in (
+            "dtype", "remat", "prng_impl", "compile_cache", "short_seq_len") and v)
         for c in results["cases"]:
             if "error" in c:
                 continue

@@ -193,10 +193,20 @@ def _environment() -> dict:
                     if k.startswith(("XLA_", "JAX_", "GLIBC_", "MALLOC_", "LD_PRELOAD"))}}
 
 
+def _run_recorded(label: str, module: str, args: list[str], key: str, spec, options, env) -> dict:
+    """Runs one benchmark module in its own process; returns its record with spec and load."""
+    load = os.getloadavg()
+    print(f"{label} (load {load[0]:.1f})", file=sys.stderr, flush=True)
+    record = _run_module(module, args, options.timeout, env)
+    record.setdefault(key, dataclasses.asdict(spec))
+    record["load_average_before"] = load
+    return record
+
+
 def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
     spec = {"model": case.model, "layout": case.layout, "batch_size": case.batch_size,
             "modes": list(case.modes), "iters": case.iters, "max_pairs": case.max_pairs}
-    for key in ("dtype", "remat", "prng_impl"):
+    for key in ("dtype", "remat", "prng_impl", "short_seq_len"):
         if getattr(options, key) is not None:
             spec[key] = getattr(options, key)
     if case.remat is not None:
@@ -212,6 +222,8 @@ def _curve_args(curve: Curve, options: argparse.Namespace) -> list[str]:
         args += ["--dtype", options.dtype]
     if options.prng_impl:
         args += ["--prng-impl", options.prng_impl]
+    if options.short_seq_len is not None:
+        args += ["--short-seq-len", str(options.short_seq_len)]
     if options.sort_window:
         args += ["--sort-window", str(options.sort_window)]
     return args
@@ -298,6 +310,8 @@ def main(argv=None) -> dict:
                         help="model.remat = True")
     parser.add_argument("--prng-impl", default=None,
                         help="jax_default_prng_impl (threefry2x32, rbg, unsafe_rbg)")
+    parser.add_argument("--short-seq-len", type=int, default=None,
+                        help="data.short_seq_len: encode short rows as a second group")
     parser.add_argument("--sort-window", type=int, default=0,
                         help="epoch curves: batch pairs of similar size (proposed option)")
     parser.add_argument("--compile-cache", default=None,
@@ -326,24 +340,15 @@ def main(argv=None) -> dict:
                "cases": [], "skipped": [dataclasses.asdict(s) for s in grid.skipped],
                "epoch_curves": []}
     for case in grid.cases:
-        load = os.getloadavg()
-        print(f"case {case.model} {case.layout} B={case.batch_size} {','.join(case.modes)} "
-              f"(load {load[0]:.1f})", file=sys.stderr, flush=True)
-        record = _run_module("benchmarks.train_speed", _case_args(case, options),
-                             options.timeout, env)
-        record.setdefault("case", dataclasses.asdict(case))
-        record["load_average_before"] = load
-        results["cases"].append(record)
+        label = f"case {case.model} {case.layout} B={case.batch_size} {','.join(case.modes)}"
+        results["cases"].append(_run_recorded(
+            label, "benchmarks.train_speed", _case_args(case, options), "case", case, options, env))
         save(results, out, started)
     for curve in grid.curves:
-        load = os.getloadavg()
-        print(f"epoch curve {curve.model} {curve.layout} B={curve.batch_size} (load "
-              f"{load[0]:.1f})", file=sys.stderr, flush=True)
-        record = _run_module("benchmarks.epoch_time", _curve_args(curve, options),
-                             options.timeout, env)
-        record.setdefault("curve", dataclasses.asdict(curve))
-        record["load_average_before"] = load
-        results["epoch_curves"].append(record)
+        label = f"epoch curve {curve.model} {curve.layout} B={curve.batch_size}"
+        results["epoch_curves"].append(_run_recorded(
+            label, "benchmarks.epoch_time", _curve_args(curve, options), "curve", curve, options,
+            env))
         save(results, out, started)
     results["matmul_peak"]["end"] = measure_peaks(grid, env, options.timeout)
     results["load_average"]["end"] = os.getloadavg()

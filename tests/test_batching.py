@@ -124,3 +124,52 @@ def test_layout_stats_counts_rows(encoded):
     assert stats["real_rows"] == real and stats["dense_rows"] == dense
     assert stats["dense_real_fraction"] == pytest.approx(real / dense)
     assert 0 < stats["dense_real_fraction"] < stats["packed_real_fraction"] <= 1
+
+
+def test_short_row_group_holds_each_short_row_once(encoded):
+    short_seq_len = 12
+    for batch in _all(encoded, 2, short_seq_len=short_seq_len):
+        pairs = [encoded[i] for i in batch["pair_index"] if i >= 0]
+        lengths = np.concatenate([s.lengths for p in pairs for s in p.stories])
+        n_short = int((lengths <= short_seq_len).sum())
+        buckets = Buckets()
+        assert batch["short_input_ids"].shape == (buckets.rows(n_short), short_seq_len)
+        slots = batch["row_mask"].size
+        grid = {}
+        for prefix, width in (("", batch["input_ids"].shape[1]), ("short_", short_seq_len)):
+            real = batch[prefix + "row_index"] < slots
+            assert real.sum() == (n_short if prefix else lengths.size - n_short)
+            row_lengths = batch[prefix + "attention_mask"][real].sum(axis=1)
+            assert (row_lengths <= short_seq_len).all() == bool(prefix)
+            for cell, ids, n in zip(batch[prefix + "row_index"][real],
+                                    batch[prefix + "input_ids"][real], row_lengths):
+                grid[int(cell)] = ids[:n].tolist()
+        # Every real cell is written once, with the tokens of the one-group layout.
+        one_group = next(iter(_all([encoded[i] for i in batch["pair_index"] if i >= 0], 2)))
+        expected = {int(c): ids[:m.sum()].tolist() for c, ids, m in zip(
+            one_group["row_index"], one_group["input_ids"], one_group["attention_mask"])
+            if c < slots}
+        assert grid == expected
+
+
+def test_short_row_group_errors_and_shape_keys(encoded):
+    with pytest.raises(ValueError, match="packed layout only"):
+        _all(encoded, 2, layout="dense", short_seq_len=8)
+    with pytest.raises(ValueError, match="between 1 and seq_len - 1"):
+        _all(encoded, 2, seq_len=40, short_seq_len=40)
+    plans = batching.plan_batches(encoded, 2, short_seq_len=12)
+    assert all(p.shape_key == (p.num_entities, p.num_rows, p.seq_len, p.num_short_rows, 12)
+               for p in plans)
+
+
+def test_layout_stats_counts_tokens_and_compiled_shapes(encoded):
+    one = batching.layout_stats(encoded, 1)
+    split = batching.layout_stats(encoded, 1, short_seq_len=12)
+    tokens = sum(b["input_ids"].size for b in _all(encoded, 1))
+    assert one["packed_tokens"] == tokens
+    assert split["packed_tokens"] == sum(b["input_ids"].size + b["short_input_ids"].size
+                                         for b in _all(encoded, 1, short_seq_len=12))
+    assert split["packed_tokens"] < one["packed_tokens"]
+    assert split["real_tokens"] == one["real_tokens"] > 0
+    assert one["packed_shapes"] == sorted({(b["row_mask"].shape[2], *b["input_ids"].shape, 0, 0)
+                                           for b in _all(encoded, 1)})

@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
-from trip_jax import sharding
+from trip_jax import schema, sharding
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
@@ -56,6 +56,12 @@ def test_pad_rows_adds_rows_the_model_drops():
     np.testing.assert_array_equal(padded["row_index"][5:], [14, 14, 14])  # one past B*2*E*S
     np.testing.assert_array_equal(padded["attention_mask"][5:], [[1, 0, 0]] * 3)
     assert sharding.pad_rows(batch, 5)["input_ids"].shape == (5, 3)
+    # A batch with the short-row group pads each group on its own.
+    grouped = {**batch, **{"short_" + k: batch[k][:2, :2] if batch[k].ndim == 2
+                           else batch[k][:2] for k in schema.ROW_KEYS}}
+    padded = sharding.pad_rows(grouped, 4)
+    assert padded["input_ids"].shape == (8, 3) and padded["short_input_ids"].shape == (4, 2)
+    np.testing.assert_array_equal(padded["short_row_index"], [0, 1, 14, 14])
 
 
 def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
@@ -83,7 +89,6 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     model = builders.build_model(config, hf_config)
     tx, schedule = train.make_optimizer(config.train, STEPS)
     loss_config = losses.LossConfig.from_mapping(config.loss)
-    keys = list(builders.example_batch(config.data.max_sentences))
     batches = itertools.chain.from_iterable(
         train.batch_stream(data.train, config, 8, shuffle=True, epoch=e) for e in range(STEPS))
     local_batches = list(itertools.islice(batches, STEPS))
@@ -98,7 +103,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
         else:
             shardings = sharding.tree_shardings(mesh, initial, config.mesh.fsdp_min_size)
             state = jax.device_put(initial, shardings)
-        step = train.make_train_step(model, tx, schedule, loss_config, mesh, shardings, keys,
+        step = train.make_train_step(model, tx, schedule, loss_config, mesh, shardings,
                                      config.train.seed)
         losses_ = []
         for local in local_batches:
@@ -107,6 +112,21 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
         runs[name] = (losses_, jax.device_get(state.params))
         specs[name] = sorted({str(s.spec) for s in jax.tree.leaves(shardings.params)})
         meshes[name] = (mesh, state)
+
+    # The short-row group (data.short_seq_len) split over 8 devices predicts like one group.
+    short_config = config.copy_and_resolve_references()
+    short_config.data.short_seq_len = 8
+    short_local = next(iter(train.batch_stream(data.train, short_config, 8, shuffle=True,
+                                               epoch=0)))
+    assert "short_input_ids" in short_local
+    mesh, state = meshes["data_parallel"]
+    eval_step = train.make_eval_step(model, loss_config, mesh,
+                                     jax.tree.map(lambda x: x.sharding, state.params))
+    one = eval_step(state.params, sharding.global_batch(local_batches[0], mesh))
+    two = eval_step(state.params, sharding.global_batch(short_local, mesh))
+    short_group_diff = max(float(np.max(np.abs(np.asarray(one[k], np.float64) -
+                                               np.asarray(two[k], np.float64))))
+                           for k in ("conflict_prob", "story_score", "pre_pred", "eff_pred"))
 
     # Save the FSDP parameters (sharded over 8 devices) as a best checkpoint and restore them
     # for evaluation on one device.
@@ -125,7 +145,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     base_losses, base_params = runs["one_device"]
     result = {"device_count": jax.device_count(), "specs": specs, "losses": {},
               "param_diff": {}, "restored_devices": sorted(restored_devices),
-              "restore_diff": restore_diff}
+              "restore_diff": restore_diff, "short_group_diff": short_group_diff}
     for name, (run_losses, run_params) in runs.items():
         result["losses"][name] = run_losses
         result["param_diff"][name] = max(
@@ -160,3 +180,4 @@ def test_data_parallel_and_fsdp_train_like_one_device(tmp_path):
     # The FSDP checkpoint (8 devices) restores bit-for-bit onto a single device.
     assert result["restored_devices"] == [1]
     assert result["restore_diff"] == 0.0
+    assert result["short_group_diff"] < 1e-5

@@ -259,3 +259,24 @@ def test_sentence_count_must_match_config(packed, params):
     model = make_model(dataclasses.replace(TINY, max_sentences=S + 1))
     with pytest.raises(ValueError, match="max_sentences"):
         model.apply({"params": params}, packed)
+
+
+@pytest.mark.parametrize("groups", ["split", "all_short"])
+def test_short_row_group_gives_the_outputs_of_one_group(encoded, packed, params, outputs, groups):
+    # "split": a length between the shortest and longest row splits the rows in two groups;
+    # "all_short": every row goes
+    # to the short group (the main group has 0 rows). A row's encoding must not depend on it.
+    lengths = np.concatenate([s.lengths for p in encoded for s in p.stories])
+    longest = int(lengths.max())
+    short_seq_len = int(np.unique(lengths)[-2]) if groups == "split" else longest
+    split = features.build_batch(list(encoded), [0, 1], layout="packed", num_entities=E,
+                                 seq_len=longest + 1, pad_id=encoded[0].pad_id, max_sentences=S,
+                                 short_seq_len=short_seq_len)
+    assert split["short_input_ids"].shape[1] == short_seq_len
+    assert split["short_input_ids"].shape[0] == (lengths <= short_seq_len).sum()
+    assert split["input_ids"].shape[0] == (lengths > short_seq_len).sum()
+    assert (split["input_ids"].shape[0] == 0) == (groups == "all_short")
+    out_split = forward(make_model(), params, split)
+    for key in outputs:
+        np.testing.assert_allclose(out_split[key], outputs[key], rtol=1e-5, atol=1e-5,
+                                   err_msg=key)

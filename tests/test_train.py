@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from trip_jax import builders, checkpoints, train
+from trip_jax import builders, checkpoints, evaluate, runtime, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
@@ -28,13 +28,14 @@ KILL_AFTER_STEP = 2  # mid-epoch: the tiny config has 4 steps per epoch
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
     """Lets every run after the first load its compiled step functions from disk."""
-    saved = (jax.config.jax_compilation_cache_dir,
-             jax.config.jax_persistent_cache_min_compile_time_secs)
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    saved = {key: getattr(jax.config, key) for key in keys}
+    runtime.enable_compilation_cache(str(tmp_path_factory.mktemp("jax_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # tiny programs too
     yield
-    jax.config.update("jax_compilation_cache_dir", saved[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+    for key, value in saved.items():
+        jax.config.update(key, value)
 
 
 def tiny_config():
@@ -200,3 +201,50 @@ def test_loss_preset_argument_and_overrides():
             config.loss.story_weight) == (0.0, 0.0, 0.5, 0.5)
     with pytest.raises(ValueError, match="unknown loss preset"):
         tiny.get_config("no_such_preset")
+
+
+def test_short_row_group_scores_a_checkpoint_like_one_group(full_run):
+    workdir, _ = full_run
+    config = tiny_config()
+    one = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
+    config.data.short_seq_len = 12
+    two = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
+    for key in ("accuracy", "consistency", "verifiability"):
+        assert one[key] == two[key], key
+    np.testing.assert_allclose(two["loss/total"], one["loss/total"], rtol=1e-5)
+
+
+def test_speed_options_train(tmp_path):
+    config = tiny_config()
+    config.train.num_epochs = 1
+    config.data.short_seq_len = 12
+    config.train.prng_impl = "rbg"
+    batch = next(train.batch_stream(train.prepare_data(config).train, config, 2, shuffle=True,
+                                    epoch=0))
+    assert batch["short_input_ids"].shape[1] == 12 and batch["input_ids"].shape[1] == 32
+    runtime.set_prng_impl("rbg")
+    try:
+        result = train.train_and_evaluate(config, str(tmp_path))
+    finally:
+        runtime.set_prng_impl("threefry2x32")
+    log = read_log(tmp_path)
+    assert [r["step"] for r in log if r["split"] == "train"] == [2, 4]
+    assert all(np.isfinite(r["loss/total"]) for r in log if r["split"] == "train")
+    assert 1 >= result["accuracy"] >= result["consistency"] >= result["verifiability"] >= 0
+
+
+def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates():
+    config = tiny_config()
+    config.train.learning_rate, config.train.head_learning_rate = 1e-3, 1e-2
+    config.train.grad_clip_norm = 0.0
+    tx, _ = train.make_optimizer(config.train, total_steps=10)
+    params = {"encoder": {"w": np.ones(3, np.float32)}, "detector": {"w": np.ones(3, np.float32)}}
+    grads = jax.tree.map(np.ones_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    # Adam's first step moves every parameter by its learning rate (constant schedule).
+    np.testing.assert_allclose(updates["encoder"]["w"], -1e-3, rtol=1e-4)
+    np.testing.assert_allclose(updates["detector"]["w"], -1e-2, rtol=1e-4)
+    config.train.head_learning_rate = 0.0  # the reference: one rate for everything
+    tx, _ = train.make_optimizer(config.train, total_steps=10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(updates["detector"]["w"], -1e-3, rtol=1e-4)

@@ -85,9 +85,8 @@ def eval_config(config: ml_collections.ConfigDict, mesh) -> ml_collections.Confi
 def checkpoint_eval_step(restored: checkpoints.EvalModel):
     """The jitted eval step (predictions, labels, losses) of a restored model on its mesh."""
     saved = restored.config
-    batch_keys = list(builders.example_batch(saved.data.max_sentences))
     return train.make_eval_step(restored.model, losses.LossConfig.from_mapping(saved.loss),
-                                restored.mesh, restored.param_shardings, batch_keys)
+                                restored.mesh, restored.param_shardings)
 
 
 def encode(pairs: Sequence[StoryPair], tokenizer, config) -> list[features.EncodedPair]:

@@ -26,7 +26,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trip_jax import checkpoints, distributed, evaluate, predict, train
+from trip_jax import checkpoints, distributed, evaluate, predict, runtime, train
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
 
@@ -99,6 +99,7 @@ def main(argv) -> None:
                  jax.process_count(), jax.local_devices())
     logging.info("config:\n%s", FLAGS.config)
     try:
+        runtime.configure_jax(FLAGS.config)
         MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
     except USER_ERRORS as err:
         sys.exit(f"error: {err}")

@@ -22,6 +22,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from trip_jax.schema import row_groups
+
 MESH_AXES: tuple[str, ...] = ("data", "fsdp")
 # The batch's leading dimension is split over every device.
 BATCH_AXES: tuple[str, ...] = ("data", "fsdp")
@@ -75,13 +77,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Sharding of every Batch array: leading dimension split over all devices."""
+    """Sharding of every Batch array: leading dimension split over all devices (also usable as
+    the sharding of a whole Batch dict, whatever its keys)."""
     return NamedSharding(mesh, P(BATCH_AXES))
-
-
-def batch_shardings(mesh: Mesh, keys) -> dict[str, NamedSharding]:
-    """``batch_sharding`` for each key of a Batch dict (a pytree matching the batch)."""
-    return {key: batch_sharding(mesh) for key in keys}
 
 
 def _local_block(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tuple[int, int]:
@@ -93,24 +91,25 @@ def _local_block(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tupl
 
 
 def pad_rows(batch: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
-    """Pads the encoder rows of a packed batch to a multiple of ``multiple``.
+    """Pads the encoder rows of each row group of a packed batch to a multiple of ``multiple``.
 
     New rows attend to their first token only and point one past the end of the (B, 2, E, S)
     grid, so the model drops them.
     """
-    rows = batch["input_ids"].shape[0]
-    extra = -rows % multiple
-    if not extra:
-        return dict(batch)
     padded = dict(batch)
     slots = int(np.prod(batch["row_mask"].shape))
-    for key in ("input_ids", "attention_mask", "token_type_ids"):
-        filler = np.zeros((extra,) + batch[key].shape[1:], batch[key].dtype)
-        if key == "attention_mask":
-            filler[:, 0] = 1
-        padded[key] = np.concatenate([batch[key], filler])
-    padded["row_index"] = np.concatenate(
-        [batch["row_index"], np.full(extra, slots, batch["row_index"].dtype)])
+    for prefix in row_groups(batch):
+        extra = -batch[prefix + "input_ids"].shape[0] % multiple
+        if not extra:
+            continue
+        for key in ("input_ids", "attention_mask", "token_type_ids"):
+            value = batch[prefix + key]
+            filler = np.zeros((extra,) + value.shape[1:], value.dtype)
+            if key == "attention_mask":
+                filler[:, 0] = 1
+            padded[prefix + key] = np.concatenate([value, filler])
+        index = batch[prefix + "row_index"]
+        padded[prefix + "row_index"] = np.concatenate([index, np.full(extra, slots, index.dtype)])
     return padded
 
 
@@ -119,7 +118,7 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
 
     ``local_batch`` holds this process's contiguous share of the global batch (B_local pairs and
     their rows, as ``trip_jax.data.batching`` builds it). Rows are padded to a multiple of the
-    local device count, and ``row_index`` (local to the share) is moved to the global
+    local device count, and each group's ``row_index`` (local to the share) is moved to the global
     (B, 2, E, S) grid. With one process this is a sharded ``device_put``.
     """
     sharding = batch_sharding(mesh)
@@ -137,9 +136,10 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
                          f"batch, but it built {pairs} pairs")
     cells = int(np.prod(batch["row_mask"].shape[1:]))  # 2 * E * S per pair
     local_slots = pairs * cells
-    row_index = batch["row_index"].astype(np.int64)
-    batch["row_index"] = np.where(row_index < local_slots, row_index + first * cells,
-                                  global_pairs * cells).astype(np.int32)
+    for prefix in row_groups(batch):
+        row_index = batch[prefix + "row_index"].astype(np.int64)
+        batch[prefix + "row_index"] = np.where(row_index < local_slots, row_index + first * cells,
+                                               global_pairs * cells).astype(np.int32)
     result = {}
     for key, value in batch.items():
         global_shape = (value.shape[0] * jax.process_count(),) + value.shape[1:]

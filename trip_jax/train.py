@@ -60,9 +60,11 @@ class TrainingDiverged(FloatingPointError):
 # ------------------------------------------------------------------------------------------
 # Optimizer and train state.
 
-def learning_rate_schedule(train_config, total_steps: int) -> optax.Schedule:
-    """The learning rate per step: constant, or linear warm-up then linear/cosine decay to 0."""
-    lr = train_config.learning_rate
+def learning_rate_schedule(train_config, total_steps: int, lr: float | None = None
+                           ) -> optax.Schedule:
+    """The learning rate per step: constant, or linear warm-up then linear/cosine decay to 0;
+    peak ``lr`` (default ``train_config.learning_rate``)."""
+    lr = train_config.learning_rate if lr is None else lr
     kind = train_config.schedule
     if kind not in SCHEDULES:
         raise ValueError(f"unknown train.schedule {kind!r}; expected one of {SCHEDULES}")
@@ -78,13 +80,30 @@ def learning_rate_schedule(train_config, total_steps: int) -> optax.Schedule:
 
 def make_optimizer(train_config, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW with global-norm clipping (DESIGN.md §2); returns (optimizer, its lr schedule)."""
+    """AdamW with global-norm clipping (DESIGN.md §2); returns (optimizer, the encoder's lr
+    schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
+    (state heads, projections, detector: trained from scratch) their own peak rate."""
     schedule = learning_rate_schedule(train_config, total_steps)
-    adamw = optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
-                        eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
+
+    def adamw(rate):
+        return optax.adamw(rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                           eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
+
+    if train_config.head_learning_rate > 0:
+        heads = learning_rate_schedule(train_config, total_steps, train_config.head_learning_rate)
+        adamw = optax.multi_transform(
+            {"encoder": adamw(schedule), "heads": adamw(heads)}, _encoder_or_heads)
+    else:
+        adamw = adamw(schedule)
     if train_config.grad_clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(train_config.grad_clip_norm), adamw), schedule
     return adamw, schedule
+
+
+def _encoder_or_heads(params) -> dict:
+    """Labels the top-level parameter groups for ``optax.multi_transform``."""
+    return {name: jax.tree.map(lambda _: "encoder" if name == "encoder" else "heads", group)
+            for name, group in params.items()}
 
 
 def _check_encoder_params(expected, given, source: str) -> None:
@@ -144,7 +163,7 @@ def _global_norm(tree) -> jax.Array:
 
 
 def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
-                    batch_keys: Sequence[str], seed: int) -> Callable:
+                    seed: int) -> Callable:
     """Returns ``step(state, batch) -> (state, metrics)``: one jitted, sharded update.
 
     The state is donated; the dropout key is ``fold_in(key(seed) split, step)``, so a resumed
@@ -172,13 +191,12 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), out
 
     return jax.jit(step,
-                   in_shardings=(state_shardings, sharding.batch_shardings(mesh, batch_keys)),
+                   in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=(state_shardings, sharding.replicated(mesh)),
                    donate_argnums=(0,))
 
 
-def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings,
-                   batch_keys: Sequence[str]) -> Callable:
+def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings) -> Callable:
     """Returns ``eval_step(params, batch)``: predictions, labels and losses, replicated on every
     device (so every process can score the whole batch)."""
 
@@ -190,7 +208,7 @@ def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings,
         out["loss"] = parts
         return out
 
-    return jax.jit(step, in_shardings=(param_shardings, sharding.batch_shardings(mesh, batch_keys)),
+    return jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=sharding.replicated(mesh))
 
 
@@ -233,7 +251,8 @@ def batch_stream(encoded: Sequence[EncodedPair], config, batch_size: int, *, shu
         encoded, batch_size, shuffle=shuffle, seed=config.train.seed, epoch=epoch,
         layout=config.data.layout, process_index=jax.process_index(),
         process_count=jax.process_count(), buckets=Buckets(**config.data.buckets),
-        seq_len=config.data.seq_len or None, max_sentences=config.data.max_sentences)
+        seq_len=config.data.seq_len or None, max_sentences=config.data.max_sentences,
+        short_seq_len=config.data.short_seq_len or None)
 
 
 def _check_batch_size(name: str, batch_size: int, mesh) -> None:
@@ -409,8 +428,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     log = MetricLog(workdir)
     try:
         state, state_shardings = _initial_state(config, model, tx, mesh, encoder_params, ckpts)
-        batch_keys = list(builders.example_batch(config.data.max_sentences))
-        eval_step = make_eval_step(model, loss_config, mesh, state_shardings.params, batch_keys)
+        eval_step = make_eval_step(model, loss_config, mesh, state_shardings.params)
         try:
             _train_loop(config, workdir, model, tx, schedule, loss_config, mesh, state,
                         state_shardings, eval_step, data, hf_config, ckpts, log,
@@ -440,9 +458,8 @@ def _train_loop(config, workdir, model, tx, schedule, loss_config, mesh, state, 
                 steps_per_epoch: int, total_steps: int) -> None:
     """Runs the epochs from the state's step to the end, evaluating and checkpointing."""
     train_cfg = config.train
-    batch_keys = list(builders.example_batch(config.data.max_sentences))
     train_step = make_train_step(model, tx, schedule, loss_config, mesh, state_shardings,
-                                 batch_keys, train_cfg.seed)
+                                 train_cfg.seed)
     selection_ids = [p.pair_id for p in data.splits.selection]
     selection_name = data.splits.selection_name
     config_dict = checkpoints.config_to_dict(config)

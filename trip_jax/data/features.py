@@ -12,6 +12,11 @@ rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a warning with th
 - dense (the reference's): every pair padded to E x S rows per story, R = B*2*E*S.
 ``Buckets`` rounds E, T and R up to small sets of values so that jit sees few shapes; S is fixed
 (``max_sentences``). ``unpack_outputs`` slices per-row model outputs back to each pair.
+
+With ``short_seq_len`` the packed rows are split into two encoder groups: rows of at most that
+many tokens go to the ``short_*`` arrays, padded only to ``short_seq_len``, the others to the
+main arrays, padded to T. The encoder output of a row does not depend on its padding, so this
+saves encoder tokens without changing results (beyond float rounding).
 """
 
 from __future__ import annotations
@@ -263,17 +268,22 @@ def max_row_length(encoded_pairs: Iterable[EncodedPair]) -> int:
 def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], *,
                 layout: str, num_entities: int, seq_len: int, pad_id: int,
                 max_sentences: int = DEFAULT_MAX_SENTENCES,
-                num_rows: int | None = None) -> dict[str, np.ndarray]:
+                num_rows: int | None = None, short_seq_len: int | None = None,
+                num_short_rows: int | None = None) -> dict[str, np.ndarray]:
     """Lays ``pairs`` out as one Batch dict (see the Batch contract); None marks a padding pair.
 
     ``num_entities`` (E), ``seq_len`` (T) and, for the packed layout, ``num_rows`` (R; default:
     exactly the real rows) are the padded sizes; a pair or row that does not fit is an error,
-    never cut. Padding rows hold pad tokens with attention_mask[:, 0] = 1.
+    never cut. Padding rows hold pad tokens with attention_mask[:, 0] = 1. ``short_seq_len``
+    (packed only) moves rows of at most that many tokens to the ``short_*`` group of
+    ``num_short_rows`` rows (default: exactly those rows); ``num_rows`` then counts the others.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     if len(pair_index) != len(pairs):
         raise ValueError(f"{len(pairs)} pairs but {len(pair_index)} pair indices")
+    if short_seq_len and layout != "packed":
+        raise ValueError("short_seq_len splits the rows of the packed layout only")
     B, E, S, T, A = len(pairs), num_entities, max_sentences, seq_len, schema.NUM_ATTRIBUTES
     slots = B * 2 * E * S
     row_mask = np.zeros((B, 2, E, S), dtype=bool)
@@ -301,42 +311,36 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
             lengths.append(story.lengths)
             tokens.append(story.tokens)
             type_ids.append(story.type_ids)
-    positions = np.concatenate(positions).astype(np.int32) if positions else np.zeros(0, np.int32)
-    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-    if lengths.size and lengths.max() > T:
-        raise ValueError(f"a row has {lengths.max()} tokens but seq_len is {T}; pick a larger "
+    rows = _Rows(
+        positions=np.concatenate(positions).astype(np.int32) if positions
+        else np.zeros(0, np.int32),
+        lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int32),
+        tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
+        type_ids=np.concatenate(type_ids) if type_ids else np.zeros(0, np.int32))
+    if rows.lengths.size and rows.lengths.max() > T:
+        raise ValueError(f"a row has {rows.lengths.max()} tokens but seq_len is {T}; pick a larger "
                          "seq_len or encode with max_length to truncate (with a report)")
 
+    batch = {}
     if layout == "dense":
-        R = slots
-        row_of = positions
-        row_index = np.arange(R, dtype=np.int32)
+        batch.update(_row_arrays(rows, np.arange(rows.lengths.size), rows.positions,
+                                 np.arange(slots, dtype=np.int32), slots, T, pad_id))
     else:
-        R = positions.size if num_rows is None else num_rows
-        if positions.size > R:
-            raise ValueError(f"{positions.size} real rows do not fit num_rows={R}")
-        row_of = np.arange(positions.size)
-        row_index = np.full(R, slots, dtype=np.int32)
-        row_index[:positions.size] = positions
-
-    input_ids = np.full((R, T), pad_id, dtype=np.int32)
-    attention_mask = np.zeros((R, T), dtype=np.int32)
-    token_type_ids = np.zeros((R, T), dtype=np.int32)
-    if lengths.size:
-        # Scatter the ragged rows in one go: token t of row r goes to (row_of[r], t).
-        starts = np.cumsum(lengths) - lengths
-        rows = np.repeat(row_of, lengths)
-        cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-        input_ids[rows, cols] = np.concatenate(tokens)
-        attention_mask[rows, cols] = 1
-        token_type_ids[rows, cols] = np.concatenate(type_ids)
-    # Padding rows attend to their first (pad) token so that no row is fully masked.
-    attention_mask[:, 0] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "token_type_ids": token_type_ids,
-        "row_index": row_index,
+        short = (rows.lengths <= short_seq_len if short_seq_len
+                 else np.zeros(rows.lengths.size, bool))
+        groups = [("", np.flatnonzero(~short), num_rows, T)]
+        if short_seq_len:
+            groups.append(("short_", np.flatnonzero(short), num_short_rows, short_seq_len))
+        for prefix, members, R, width in groups:
+            R = members.size if R is None else R
+            if members.size > R:
+                raise ValueError(f"{members.size} real {prefix}rows do not fit {R} rows")
+            row_index = np.full(R, slots, dtype=np.int32)
+            row_index[:members.size] = rows.positions[members]
+            arrays = _row_arrays(rows, members, np.arange(members.size), row_index, R, width,
+                                 pad_id)
+            batch.update({prefix + key: value for key, value in arrays.items()})
+    batch.update({
         "row_mask": row_mask,
         "pre_label": pre_label,
         "eff_label": eff_label,
@@ -344,7 +348,41 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
         "story_label": story_label,
         "pair_mask": pair_mask,
         "pair_index": np.asarray(pair_index, dtype=np.int32),
-    }
+    })
+    return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """The real rows of a batch: grid positions, lengths and concatenated tokens."""
+
+    positions: np.ndarray  # int32 [N] flat (B, 2, E, S) index of each row
+    lengths: np.ndarray    # int32 [N]
+    tokens: np.ndarray     # int32 [sum(lengths)]
+    type_ids: np.ndarray   # int32 [sum(lengths)]
+
+
+def _row_arrays(rows: _Rows, members: np.ndarray, row_of: np.ndarray, row_index: np.ndarray,
+                num_rows: int, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Encoder arrays of ``num_rows`` x ``seq_len`` holding real row ``members[i]`` at row
+    ``row_of[i]``; other rows hold pad tokens."""
+    input_ids = np.full((num_rows, seq_len), pad_id, dtype=np.int32)
+    attention_mask = np.zeros((num_rows, seq_len), dtype=np.int32)
+    token_type_ids = np.zeros((num_rows, seq_len), dtype=np.int32)
+    lengths = rows.lengths[members]
+    if lengths.size:
+        # Scatter the ragged rows in one go: token t of member i goes to (row_of[i], t).
+        starts = (np.cumsum(rows.lengths) - rows.lengths)[members]
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        source = np.repeat(starts, lengths) + within
+        target = np.repeat(row_of, lengths)
+        input_ids[target, within] = rows.tokens[source]
+        attention_mask[target, within] = 1
+        token_type_ids[target, within] = rows.type_ids[source]
+    # Padding rows attend to their first (pad) token so that no row is fully masked.
+    attention_mask[:, 0] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids, "row_index": row_index.astype(np.int32)}
 
 
 def unpack_outputs(outputs: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],

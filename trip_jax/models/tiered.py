@@ -235,10 +235,15 @@ class TieredModel(nn.Module):
             raise ValueError(f"batch has S={grid[-1]} sentences but config.max_sentences="
                              f"{cfg.max_sentences}")
 
-        hidden = self.encoder(batch["input_ids"], batch["attention_mask"],
-                              token_type_ids=batch.get("token_type_ids"),
-                              deterministic=deterministic)
-        h = scatter_rows(hidden[:, 0, :].astype(jnp.float32), batch["row_index"], grid)
+        # One encoder call per row group (rows padded to different token lengths), one scatter.
+        first_tokens, row_index = [], []
+        for prefix in schema.row_groups(batch):
+            hidden = self.encoder(batch[prefix + "input_ids"], batch[prefix + "attention_mask"],
+                                  token_type_ids=batch.get(prefix + "token_type_ids"),
+                                  deterministic=deterministic)
+            first_tokens.append(hidden[:, 0, :].astype(jnp.float32))
+            row_index.append(batch[prefix + "row_index"])
+        h = scatter_rows(jnp.concatenate(first_tokens), jnp.concatenate(row_index), grid)
         # Dense-layout padding rows hold pad-token embeddings; zero them so that both layouts
         # feed identical values to everything downstream.
         h = h * row_mask[..., None]

@@ -1,0 +1,41 @@
+"""Process-wide JAX settings chosen in the config: the PRNG implementation and a persistent
+compilation cache. Both are off by default (the reference behaviour); call ``configure_jax``
+before any key is made or any function is compiled."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+from absl import logging
+
+# jax_default_prng_impl values. "threefry2x32" is JAX's default; "rbg" draws dropout masks
+# faster (about 9% of a MiniLM train step on CPU) but gives other masks than threefry.
+PRNG_IMPLS: tuple[str, ...] = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def set_prng_impl(name: str) -> None:
+    """Makes ``name`` the implementation of every new ``jax.random.key``."""
+    if name not in PRNG_IMPLS:
+        raise ValueError(f"unknown PRNG implementation {name!r}; expected one of {PRNG_IMPLS}")
+    jax.config.update("jax_default_prng_impl", name)
+
+
+def enable_compilation_cache(directory: str) -> str:
+    """Keeps compiled programs in ``directory`` so that a later process with the same shapes
+    loads them instead of compiling again; returns the absolute directory."""
+    directory = directory if "://" in directory else os.path.abspath(
+        os.path.expanduser(directory))
+    jax.config.update("jax_compilation_cache_dir", directory)
+    # Every train/eval step program is worth keeping; tiny helper programs are not.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory
+
+
+def configure_jax(config) -> None:
+    """Applies ``config.train.prng_impl`` and ``config.train.compilation_cache_dir``."""
+    set_prng_impl(config.train.prng_impl)
+    if config.train.compilation_cache_dir:
+        directory = enable_compilation_cache(config.train.compilation_cache_dir)
+        logging.info("persistent compilation cache: %s", directory)
