@@ -6,8 +6,8 @@ distinct encoder shapes (compilations), for
 - ``packed``: the training layout as ``trip_jax.data.batching`` builds it today;
 - ``sorted``: the same, after ``sorted_window_order`` (pairs sorted by size inside windows of
   ``window`` batches, batch order shuffled): the proposed ``data.sort_window`` config value;
-- ``split``: rows of each batch split at ``split_tokens`` into a short and a long encoder call
-  (each with its own T and row bucket): the proposed length-grouped encoder input;
+- ``split``: rows of at most ``split_tokens`` tokens as a second encoder group, exactly as
+  ``data.short_seq_len`` builds it;
 - ``sorted+split`` both, and ``real``: the real tokens and rows (no padding at all).
 
     python -m benchmarks.padding --model minilm --batch-sizes 1,8,32
@@ -51,17 +51,6 @@ def sorted_window_order(encoded: Sequence[EncodedPair], batch_size: int, window:
     return np.concatenate(chunks).astype(np.int64)
 
 
-def _split_cost(lengths: np.ndarray, split: int, buckets: Buckets) -> tuple[int, set]:
-    """Encoder tokens and (R, T) shapes of one batch's rows in a short and a long group."""
-    tokens, shapes = 0, set()
-    for group in (lengths[lengths <= split], lengths[lengths > split]):
-        if group.size:
-            shape = (buckets.rows(int(group.size)), buckets.tokens(int(group.max())))
-            tokens += shape[0] * shape[1]
-            shapes.add(shape)
-    return tokens, shapes
-
-
 def epoch_padding(encoded: Sequence[EncodedPair], batch_size: int, buckets: Buckets, *,
                   seq_len: int | None, max_sentences: int, window: int, split_tokens: int,
                   seed: int = 0) -> dict:
@@ -70,19 +59,14 @@ def epoch_padding(encoded: Sequence[EncodedPair], batch_size: int, buckets: Buck
     ordered = [encoded[i] for i in order]
     plans = batching.plan_batches(ordered, batch_size, buckets=buckets, seq_len=seq_len,
                                   max_sentences=max_sentences)
-    tokens = slots = split_tokens_total = 0
-    shapes, split_shapes = set(), set()
-    for plan in plans:
-        members = [ordered[i] for i in plan.pair_index if i >= 0]
-        lengths = np.concatenate([s.lengths for p in members for s in p.stories])
-        tokens += plan.num_rows * plan.seq_len
-        slots += len(plan.pair_index) * 2 * plan.num_entities * max_sentences
-        shapes.add((plan.num_rows, plan.seq_len, plan.num_entities))
-        cost, group_shapes = _split_cost(lengths, split_tokens, buckets)
-        split_tokens_total += cost
-        split_shapes |= {(r, t, plan.num_entities) for r, t in group_shapes}
-    return {"encoder_tokens": tokens, "grid_slots": slots, "shapes": len(shapes),
-            "split_encoder_tokens": split_tokens_total, "split_shapes": len(split_shapes)}
+    slots = sum(len(p.pair_index) * 2 * p.num_entities * max_sentences for p in plans)
+    one, split = (batching.layout_stats(ordered, batch_size, buckets=buckets, seq_len=seq_len,
+                                        max_sentences=max_sentences, short_seq_len=short)
+                  for short in (None, split_tokens))
+    return {"encoder_tokens": one["packed_tokens"], "grid_slots": slots,
+            "shapes": len(one["packed_shapes"]),
+            "split_encoder_tokens": split["packed_tokens"],
+            "split_shapes": len(split["packed_shapes"])}
 
 
 def padding_table(encoded: Sequence[EncodedPair], batch_sizes: Sequence[int], buckets: Buckets,

@@ -91,8 +91,9 @@ def plan_batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
     entities = np.asarray([p.num_entities for p in encoded_pairs], dtype=np.int64)
     lengths = np.asarray([p.max_length for p in encoded_pairs], dtype=np.int64)
     rows = np.asarray([p.num_rows for p in encoded_pairs], dtype=np.int64)
-    short_rows = np.asarray([sum(int((s.lengths <= short_seq_len).sum()) for s in p.stories)
-                             for p in encoded_pairs], dtype=np.int64)
+    if short_seq_len:
+        short_rows = np.asarray([sum(int((s.lengths <= short_seq_len).sum()) for s in p.stories)
+                                 for p in encoded_pairs], dtype=np.int64)
 
     def group_rows(counts: np.ndarray, index: np.ndarray, optional: bool) -> int:
         real = np.where(index >= 0, counts[np.maximum(index, 0)], 0)
