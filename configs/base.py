@@ -63,12 +63,14 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
         projection_dropout=0.1, detector_input_dropout=0.1, detector_layers=6,
         detector_heads=8, detector_ff=2048, detector_dropout=0.1, detector_activation="relu",
         detector_norm_first=False, detector_layer_norm_eps=1e-5, detector_padding_mask=True,
-        conflict_dropout=0.1))
+        conflict_dropout=0.1,
+        story_score="sum"))  # "max": a story's strongest conflict belief (not the reference)
 
     pre, eff, conflict, story = LOSS_PRESETS[loss_preset]
     config.loss = ml_collections.ConfigDict(dict(
         pre_weight=pre, eff_weight=eff, conflict_weight=conflict, story_weight=story,
-        mask_padding_in_losses=True))
+        mask_padding_in_losses=True,
+        conflict_positive_weight=1.0))  # > 1 weights positive conflict labels (reference: 1)
 
     config.train = ml_collections.ConfigDict()
     config.train.learning_rate = 1e-5   # AdamW (DESIGN.md §2)

@@ -84,6 +84,9 @@ def resumed_run(tmp_path_factory):
         patch.setattr(checkpoints.RunCheckpoints, "save_latest", save_then_die)
         with pytest.raises(Killed):
             train.train_and_evaluate(tiny_config(), str(workdir))
+    # A record the killed run wrote after its last checkpoint: the resumed run logs it again.
+    with (workdir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": KILL_AFTER_STEP + 1, "split": "train", "stale": True}) + "\n")
     steps_before_resume = sorted(
         int(p.name) for p in (workdir / "checkpoints" / "latest").iterdir() if p.name.isdigit())
     result = train.train_and_evaluate(tiny_config(), str(workdir))
@@ -130,6 +133,10 @@ def test_resume_reaches_the_parameters_of_an_uninterrupted_run(full_run, resumed
     full_train = {r["step"]: r for r in read_log(full_dir) if r["split"] == "train"}
     for record in resumed_train:
         assert record["loss/total"] == full_train[record["step"]]["loss/total"]
+    # One record per event, as in the uninterrupted run: nothing stale, nothing twice.
+    keys = lambda log: [(r["step"], r["split"]) for r in log if r["split"] != "test"]
+    assert keys(read_log(resumed_dir)) == keys(read_log(full_dir))
+    assert not any("stale" in r for r in read_log(resumed_dir))
 
 
 def test_restore_for_eval_needs_only_the_workdir(full_run):

@@ -360,6 +360,18 @@ class MetricLog:
                 self.writer.add_scalar(f"{split}/{key}", value, step)
         self.writer.flush()
 
+    def drop_after(self, step: int) -> None:
+        """Removes the records of steps after ``step``: an interrupted run logged them after its
+        last checkpoint, and the run resumed from ``step`` logs them again."""
+        if not self.enabled or not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if json.loads(line)["step"] <= step]
+        if len(kept) < len(lines):
+            logging.info("metrics.jsonl: dropped %d records after step %d (logged again on "
+                         "resume)", len(lines) - len(kept), step)
+            self.path.write_text("".join(line + "\n" for line in kept))
+
     def close(self) -> None:
         """Closes the TensorBoard writer."""
         if self.writer is not None:
@@ -428,6 +440,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     log = MetricLog(workdir)
     try:
         state, state_shardings = _initial_state(config, model, tx, mesh, encoder_params, ckpts)
+        log.drop_after(int(jax.device_get(state.step)))
         eval_step = make_eval_step(model, loss_config, mesh, state_shardings.params)
         try:
             _train_loop(config, workdir, model, tx, schedule, loss_config, mesh, state,

@@ -24,6 +24,7 @@ from trip_jax.models.encoders import build_encoder
 NEG_LOGIT = -1e9
 
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
+STORY_SCORES = ("sum", "max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,9 @@ class TieredConfig:
     The detector width d_model is ``embedding_projection + state_projection`` (256 + 256 = 512).
     ``detector_padding_mask`` masks padded sentences as attention keys and zeroes their detector
     outputs before the flatten; False reproduces the reference, which masked nothing.
+    ``story_score`` "sum" is the reference (−Σ beliefs / 2 over the story's entities and
+    sentences); "max" scores a story by its strongest belief (−max), so that a story with more
+    entity-sentence cells is not penalised for its count of small base-rate beliefs.
     """
 
     max_sentences: int = 7
@@ -51,6 +55,7 @@ class TieredConfig:
     detector_layer_norm_eps: float = 1e-5
     detector_padding_mask: bool = True
     conflict_dropout: float = 0.1
+    story_score: str = "sum"
 
     def __post_init__(self):
         object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
@@ -61,6 +66,9 @@ class TieredConfig:
         if self.detector_activation not in _ACTIVATIONS:
             raise ValueError(f"detector_activation must be one of {sorted(_ACTIVATIONS)}, "
                              f"got {self.detector_activation!r}")
+        if self.story_score not in STORY_SCORES:
+            raise ValueError(f"story_score must be one of {STORY_SCORES}, "
+                             f"got {self.story_score!r}")
 
     @property
     def detector_d_model(self) -> int:
@@ -267,7 +275,10 @@ class TieredModel(nn.Module):
             tracks, row_mask.reshape(-1, grid[-1]), deterministic=deterministic).reshape(grid)
         conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
 
-        story_score = -conflict_prob.sum(axis=(2, 3)) / 2
+        if cfg.story_score == "max":
+            story_score = -conflict_prob.max(axis=(2, 3))
+        else:
+            story_score = -conflict_prob.sum(axis=(2, 3)) / 2
         row_shape = (*grid, cfg.num_attributes, cfg.max_classes)
         pre_logits, eff_logits = pre_logits.reshape(row_shape), eff_logits.reshape(row_shape)
         return {
