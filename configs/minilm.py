@@ -15,7 +15,7 @@ macro-F1 up to 73 / 73) but not the conflicts: held-out consistency 0 (4.4 once,
 --config.loss.conflict_positive_weight=3) and accuracy 37-57%. Random baseline on test: 50.7 /
 5.0 / 0.0 (paper: 49.5 / 10.7 / 0.0). On this 2-core CPU an epoch takes about 13 minutes at batch 1
 (7-8 with --config.data.short_seq_len=16 --config.train.prng_impl=rbg or a 1-layer detector,
-after the first epoch's compiles), about 15 at batch 16.
+after the first epoch's compiles), 12-15 at batch 16.
 """
 
 import importlib.util
