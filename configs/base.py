@@ -64,7 +64,9 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
         detector_heads=8, detector_ff=2048, detector_dropout=0.1, detector_activation="relu",
         detector_norm_first=False, detector_layer_norm_eps=1e-5, detector_padding_mask=True,
         conflict_dropout=0.1,
-        story_score="sum"))  # "max": a story's strongest conflict belief (not the reference)
+        story_score="sum",  # "max": a story's strongest conflict belief (not the reference)
+        state_transitions=False,  # True: contradicting-state evidence into the detector
+        transitions_init_weight=2.0))  # start of its direct path onto the conflict logits
 
     pre, eff, conflict, story = LOSS_PRESETS[loss_preset]
     config.loss = ml_collections.ConfigDict(dict(
@@ -85,6 +87,13 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
     # "constant" (what the reference really ran) | "warmup_linear" | "warmup_cosine"
     config.train.schedule = "constant"
     config.train.warmup_fraction = 0.1  # warm-up share of all steps (warmup_* schedules)
+    # Start a run from the parameters of another run's checkpoint (its workdir; which one:
+    # "latest", "best_verifiability", "best_accuracy" or a step), except those whose path
+    # matches the regex init_skip (e.g. "detector"). "": the pretrained encoder only.
+    config.train.init_from = ""
+    config.train.init_from_checkpoint = "latest"
+    config.train.init_skip = ""
+    config.train.freeze_encoder = False  # train only the heads and the detector
     config.train.batch_size = 1         # story pairs per step, over all devices
     config.train.eval_batch_size = 8
     config.train.num_epochs = 10

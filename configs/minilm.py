@@ -9,13 +9,28 @@ Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data):
 
   python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
 
-Expected result (test accuracy / consistency / verifiability, %): not yet achieved. Five runs
-(README "Results", each stopped after 2-4 of its 10 epochs) learn the states (held-out state
-macro-F1 up to 73 / 73) but not the conflicts: held-out consistency 0 (4.4 once, with
---config.loss.conflict_positive_weight=3) and accuracy 37-57%. Random baseline on test: 50.7 /
-5.0 / 0.0 (paper: 49.5 / 10.7 / 0.0). On this 2-core CPU an epoch takes about 13 minutes at batch 1
-(7-8 with --config.data.short_seq_len=16 --config.train.prng_impl=rbg or a 1-layer detector,
-after the first epoch's compiles), 12-15 at batch 16.
+With these reference settings no run here learned to predict a conflict (held-out consistency
+0; README "Results", runs r1-r5), so this command does not beat the random baseline on
+consistency.
+
+Expected result (test accuracy / consistency / verifiability, %): 73.5 / 27.1 / 8.0 (random
+baseline 50.7 / 5.0 / 0.0; paper, RoBERTa-large trained on train: 72.9 / 19.1 / 9.1) from two
+runs, the second with options that are not the reference model (README "Results" has both
+commands in full):
+
+  # 1. encoder + state heads, stopped after epoch 4 (step 1016): 2,229 s on a 2-core CPU
+  python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm_states \
+      --config.train.learning_rate=1e-4 --config.train.head_learning_rate=2e-3 \
+      --config.train.schedule=warmup_linear --config.model.tiered.detector_layers=1
+  # 2. frozen encoder, detector given contradicting-state evidence: 10 epochs, 2,410 s
+  python -m trip_jax.main --config=configs/minilm.py:all --workdir=workdirs/minilm_conflicts \
+      --config.train.init_from=workdirs/minilm_states --config.train.init_skip=detector \
+      --config.train.freeze_encoder=True --config.model.tiered.detector_layers=1 \
+      --config.model.tiered.state_transitions=True --config.model.tiered.story_score=max \
+      --config.loss.conflict_positive_weight=3 --config.train.head_learning_rate=2e-3 \
+      --config.train.schedule=warmup_cosine --config.train.batch_size=4
+
+(Both also ran with --config.train.prng_impl=rbg and a compilation cache.)
 """
 
 import importlib.util

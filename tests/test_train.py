@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from trip_jax import builders, checkpoints, evaluate, runtime, train
+from trip_jax import builders, checkpoints, evaluate, runtime, sharding, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
@@ -162,6 +162,14 @@ def test_checkpoint_errors_are_clear(full_run, tmp_path):
     other.model.tiered.detector_layers = 2
     with pytest.raises(checkpoints.CheckpointError, match="detector_layers"):
         checkpoints.restore_for_eval(str(workdir), config=other)
+    # A model option added after a checkpoint was written: absent there, so at its default.
+    saved = checkpoints.config_to_dict(tiny_config())
+    del saved["model"]["tiered"]["state_transitions"]
+    checkpoints.check_compatible(saved, tiny_config(), "older run")
+    other = tiny_config()
+    other.model.tiered.state_transitions = True
+    with pytest.raises(checkpoints.CheckpointError, match="state_transitions"):
+        checkpoints.check_compatible(saved, other, "older run")
     broken = tmp_path / "broken"
     shutil.copytree(workdir, broken)
     step_dir = next((broken / "checkpoints" / "best_verifiability").glob("[0-9]*"))
@@ -255,3 +263,64 @@ def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates():
     tx, _ = train.make_optimizer(config.train, total_steps=10)
     updates, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(updates["detector"]["w"], -1e-3, rtol=1e-4)
+
+
+def test_frozen_encoder_gets_no_update():
+    config = tiny_config()
+    config.train.freeze_encoder = True
+    tx, _ = train.make_optimizer(config.train, total_steps=10)
+    params = {"encoder": {"w": np.ones(3, np.float32)}, "detector": {"w": np.ones(3, np.float32)}}
+    grads = jax.tree.map(np.ones_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert not np.asarray(updates["encoder"]["w"]).any()
+    np.testing.assert_allclose(updates["detector"]["w"], -config.train.learning_rate, rtol=1e-4)
+
+
+def fresh_params(config):
+    """A new run's initial parameters for ``config`` (as ``train_and_evaluate`` builds them)."""
+    data = train.prepare_data(config)
+    hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
+    model = builders.build_model(config, hf_config)
+    tx, _ = train.make_optimizer(config.train, total_steps=10)
+    state, _ = train.create_train_state(config, model, tx, sharding.create_mesh(config.mesh),
+                                        encoder_params)
+    return jax.device_get(state.params), state.params
+
+
+def test_init_from_takes_an_earlier_runs_parameters_except_skipped(full_run):
+    source_dir, _ = full_run
+    source = params_of(source_dir, "best_accuracy")
+    config = tiny_config()
+    config.model.tiered.state_transitions = True   # a parameter group the source run lacks
+    config.train.init_from = str(source_dir)
+    config.train.init_from_checkpoint = "best_accuracy"
+    config.train.init_skip = r"\['detector'\]"
+    fresh, placed = fresh_params(config)
+    params = jax.device_get(train.init_params_from(config, placed))
+    for group in ("encoder", "state_heads", "states_proj", "embedding_proj"):
+        assert_trees_equal(params[group], source[group])
+    assert_trees_equal(params["detector"], fresh["detector"])          # skipped
+    assert_trees_equal(params["transitions_proj"], fresh["transitions_proj"])  # not in source
+    assert not np.allclose(fresh["state_heads"]["heads"]["dense"]["kernel"],
+                           source["state_heads"]["heads"]["dense"]["kernel"])
+    config.model.tiered.detector_ff = 48  # another detector shape, no longer skipped
+    config.train.init_skip = ""
+    with pytest.raises(ValueError, match="detector.*shape"):
+        train.init_params_from(config, fresh_params(config)[1])
+    config.model.tokenizer = "word_level:roberta"  # tiny's is word_level:bert
+    with pytest.raises(ValueError, match="model.tokenizer"):
+        train.init_params_from(config, placed)
+
+
+def test_run_from_an_earlier_run_with_a_frozen_encoder(full_run, tmp_path):
+    source_dir, _ = full_run
+    config = tiny_config()
+    config.train.num_epochs = 1
+    config.train.init_from = str(source_dir)
+    config.train.freeze_encoder = True
+    result = train.train_and_evaluate(config, str(tmp_path))
+    source, trained = params_of(source_dir, "latest"), params_of(tmp_path, "latest")
+    assert_trees_equal(trained["encoder"], source["encoder"])  # loaded, then left unchanged
+    assert not np.allclose(trained["detector"]["conflict_out"]["kernel"],
+                           source["detector"]["conflict_out"]["kernel"])  # trained on
+    assert 1 >= result["accuracy"] >= result["consistency"] >= result["verifiability"] >= 0

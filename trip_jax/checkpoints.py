@@ -30,6 +30,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from trip_jax import builders, sharding
+from trip_jax.models.tiered import TieredConfig
 
 LATEST = "latest"
 BEST_VERIFIABILITY = "best_verifiability"
@@ -61,11 +62,21 @@ def _model_part(config: dict[str, Any]) -> dict[str, Any]:
             "max_sentences": config.get("data", {}).get("max_sentences")}
 
 
-def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+def _added_later_defaults() -> dict[str, Any]:
+    """Model keys whose absence from a saved config means their default: options added after
+    a checkpoint was written behave as the reference, which is their default."""
+    return {"model": {"tiered": dataclasses.asdict(TieredConfig())}}
+
+
+def _differences(saved: Any, current: Any, prefix: str = "", defaults: Any = None) -> list[str]:
     if isinstance(saved, dict) and isinstance(current, dict):
+        defaults = defaults if isinstance(defaults, dict) else {}
         out = []
         for key in sorted(set(saved) | set(current)):
-            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.")
+            if key not in saved and key in defaults and current[key] == defaults[key]:
+                continue
+            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.",
+                                defaults.get(key))
         return out
     return [] if saved == current else [f"{prefix[:-1]}: saved {saved!r}, now {current!r}"]
 
@@ -73,7 +84,8 @@ def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
 def check_compatible(saved_config: dict[str, Any], config: ml_collections.ConfigDict,
                      where: str) -> None:
     """Raises CheckpointError when ``config`` describes another model than ``saved_config``."""
-    diffs = _differences(_model_part(saved_config), _model_part(config_to_dict(config)))
+    diffs = _differences(_model_part(saved_config), _model_part(config_to_dict(config)),
+                         defaults=_added_later_defaults())
     if diffs:
         raise CheckpointError(
             f"the checkpoint in {where} was trained with a different model config:\n  "

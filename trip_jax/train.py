@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -82,17 +83,22 @@ def make_optimizer(train_config, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW with global-norm clipping (DESIGN.md §2); returns (optimizer, the encoder's lr
     schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
-    (state heads, projections, detector: trained from scratch) their own peak rate."""
+    (state heads, projections, detector: trained from scratch) their own peak rate;
+    ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
     schedule = learning_rate_schedule(train_config, total_steps)
 
     def adamw(rate):
         return optax.adamw(rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
                            eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
 
-    if train_config.head_learning_rate > 0:
-        heads = learning_rate_schedule(train_config, total_steps, train_config.head_learning_rate)
-        adamw = optax.multi_transform(
-            {"encoder": adamw(schedule), "heads": adamw(heads)}, _encoder_or_heads)
+    if train_config.head_learning_rate > 0 or train_config.freeze_encoder:
+        heads = schedule
+        if train_config.head_learning_rate > 0:
+            heads = learning_rate_schedule(train_config, total_steps,
+                                           train_config.head_learning_rate)
+        encoder = optax.set_to_zero() if train_config.freeze_encoder else adamw(schedule)
+        adamw = optax.multi_transform({"encoder": encoder, "heads": adamw(heads)},
+                                      _encoder_or_heads)
     else:
         adamw = adamw(schedule)
     if train_config.grad_clip_norm > 0:
@@ -154,6 +160,60 @@ def create_train_state(config, model, tx: optax.GradientTransformation, mesh,
     return init(jax.random.key(config.train.seed), encoder_params), shardings
 
 
+def init_params_from(config, params):
+    """Returns ``params`` with every parameter taken from the checkpoint
+    ``train.init_from_checkpoint`` of the run in ``train.init_from`` whose path (e.g.
+    ``['detector']['conflict_out']['kernel']``) does not match the regex ``train.init_skip``
+    and that the earlier run's model has; the others keep their fresh initialisation (logged).
+
+    Another encoder or tokenizer, or a parameter whose shape differs from the earlier run's, is
+    an error; another data split (protocol, held-out slice) is a warning, since the earlier run
+    may have trained on this run's selection pairs. The earlier run's parameters land on the
+    shardings of ``params``; the optimizer state stays fresh.
+    """
+    train_config = config.train
+    source = checkpoints.restore_for_eval(train_config.init_from,
+                                          train_config.init_from_checkpoint)
+    for key in ("encoder", "tokenizer"):
+        if source.config.model[key] != config.model[key]:
+            raise ValueError(f"train.init_from: {train_config.init_from} was trained with "
+                             f"model.{key}={source.config.model[key]!r}, this run has "
+                             f"{config.model[key]!r}")
+    split_keys = ("data_dir", "protocol", "holdout_fraction", "holdout_seed", "max_pairs")
+    changed = [k for k in split_keys if source.config.data[k] != config.data[k]]
+    if changed:
+        logging.warning("train.init_from: %s used other data settings (%s): it may have trained "
+                        "on this run's selection pairs", train_config.init_from,
+                        ", ".join(f"data.{k}={source.config.data[k]!r}" for k in changed))
+    loaded = {jax.tree_util.keystr(path): leaf
+              for path, leaf in jax.tree_util.tree_leaves_with_path(source.params)}
+    skip = re.compile(train_config.init_skip) if train_config.init_skip else None
+    taken, fresh = [], []
+
+    def pick(path, leaf):
+        name = jax.tree_util.keystr(path)
+        if name not in loaded or (skip is not None and skip.search(name)):
+            fresh.append(name)
+            return leaf
+        if np.shape(loaded[name]) != np.shape(leaf):
+            raise ValueError(f"train.init_from: {name} has shape {np.shape(loaded[name])} in "
+                             f"{train_config.init_from} but {np.shape(leaf)} in this model")
+        taken.append(name)
+        return jax.device_put(loaded[name].astype(leaf.dtype), leaf.sharding)
+
+    params = jax.tree_util.tree_map_with_path(pick, params)
+    # One entry per top-level group: "detector (18)" rather than 18 paths.
+    groups: dict[str, int] = {}
+    for name in fresh:
+        group = name.split("]")[0] + "]"
+        groups[group] = groups.get(group, 0) + 1
+    logging.info("train.init_from: %d parameters from %s (%s checkpoint, step %d, protocol "
+                 "%s); freshly initialised: %s", len(taken), train_config.init_from,
+                 source.kind, source.step, source.meta.get("protocol"),
+                 ", ".join(f"{g} ({n})" for g, n in groups.items()) or "none")
+    return params
+
+
 # ------------------------------------------------------------------------------------------
 # Steps.
 
@@ -163,12 +223,13 @@ def _global_norm(tree) -> jax.Array:
 
 
 def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
-                    seed: int) -> Callable:
+                    seed: int, *, freeze_encoder: bool = False) -> Callable:
     """Returns ``step(state, batch) -> (state, metrics)``: one jitted, sharded update.
 
     The state is donated; the dropout key is ``fold_in(key(seed) split, step)``, so a resumed
     run draws the same masks. ``metrics["finite"]`` is False when the loss, the gradient norm or
-    the updated parameters are not finite.
+    the updated parameters are not finite. ``freeze_encoder``: no gradient flows into the
+    encoder (its backward pass is not computed; the optimizer must leave it unchanged too).
     """
     dropout_key = jax.random.split(jax.random.key(seed))[1]
 
@@ -176,6 +237,8 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
         rng = jax.random.fold_in(dropout_key, state.step)
 
         def loss_fn(params):
+            if freeze_encoder:
+                params = {**params, "encoder": jax.lax.stop_gradient(params["encoder"])}
             outputs = model.apply({"params": params}, batch, deterministic=False,
                                   rngs={"dropout": rng})
             return losses.tiered_loss(outputs, batch, loss_config)
@@ -454,9 +517,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 
 def _initial_state(config, model, tx, mesh, encoder_params, ckpts):
-    """The latest checkpoint's train state when there is one, else a fresh one."""
+    """The latest checkpoint's train state when there is one, else a fresh one (with the
+    parameters of ``train.init_from`` where given)."""
     if ckpts.latest_step() is None:
-        return create_train_state(config, model, tx, mesh, encoder_params)
+        state, shardings = create_train_state(config, model, tx, mesh, encoder_params)
+        if config.train.init_from:
+            state = state.replace(params=init_params_from(config, state.params))
+        return state, shardings
     abstract, shardings = abstract_train_state(config, model, tx, mesh)
     params, opt_state, meta = ckpts.restore_latest(abstract.params, abstract.opt_state,
                                                    shardings.params, shardings.opt_state, config)
@@ -472,7 +539,7 @@ def _train_loop(config, workdir, model, tx, schedule, loss_config, mesh, state, 
     """Runs the epochs from the state's step to the end, evaluating and checkpointing."""
     train_cfg = config.train
     train_step = make_train_step(model, tx, schedule, loss_config, mesh, state_shardings,
-                                 train_cfg.seed)
+                                 train_cfg.seed, freeze_encoder=train_cfg.freeze_encoder)
     selection_ids = [p.pair_id for p in data.splits.selection]
     selection_name = data.splits.selection_name
     config_dict = checkpoints.config_to_dict(config)

@@ -37,6 +37,15 @@ class TieredConfig:
     ``story_score`` "sum" is the reference (−Σ beliefs / 2 over the story's entities and
     sentences); "max" scores a story by its strongest belief (−max), so that a story with more
     entity-sentence cells is not penalised for its count of small base-rate beliefs.
+    ``state_transitions`` (not the reference) adds explicit evidence of state conflicts to the
+    detector input: per sentence and binary attribute, the strongest probability that an effect
+    of an earlier sentence contradicts this sentence's precondition, and that this sentence's
+    effect contradicts a later precondition (``transition_features``), projected to
+    ``state_projection`` and added to the projected state logits (gradient-free, like them), and
+    mapped by a Dense(1) straight onto the conflict logit of the same cell. That Dense starts
+    with every weight at ``transitions_init_weight`` (a sure contradiction adds 2 to the logit
+    of its two sentences): a lecun-normal start at ~±0.2 needs thousands of steps at a head
+    learning rate to become decisive, more than a few hundred training pairs give.
     """
 
     max_sentences: int = 7
@@ -56,6 +65,8 @@ class TieredConfig:
     detector_padding_mask: bool = True
     conflict_dropout: float = 0.1
     story_score: str = "sum"
+    state_transitions: bool = False
+    transitions_init_weight: float = 2.0
 
     def __post_init__(self):
         object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
@@ -102,6 +113,36 @@ def real_logit_columns(num_classes: tuple[int, ...]) -> np.ndarray:
     Attribute-major, so the gathered vector is the concatenation of the A unpadded heads.
     """
     return np.flatnonzero(class_mask(num_classes).reshape(-1))
+
+
+def binary_attributes(num_classes: tuple[int, ...]) -> np.ndarray:
+    """Indices of the attributes whose labels are 0 unknown / 1 false / 2 true (not locations)."""
+    return np.asarray([a for a, name in enumerate(schema.ATTRIBUTES)
+                       if name not in schema.LOCATION_ATTRIBUTES and num_classes[a] == 3])
+
+
+def transition_features(pre_logits: jax.Array, eff_logits: jax.Array, sentence_mask: jax.Array,
+                        attributes: np.ndarray) -> jax.Array:
+    """Soft evidence of contradicting state transitions along each (story, entity) track.
+
+    ``pre_logits``/``eff_logits`` [N, S, A, C], ``sentence_mask`` bool [N, S]. For sentences
+    t < s and a binary attribute a, contradiction(t, s, a) = P(effect_t = true) P(pre_s = false)
+    + P(effect_t = false) P(pre_s = true). Returns [N, S, 2·len(attributes)]: per sentence s,
+    max over earlier t of contradiction(t, s, ·) (s as the breakpoint), then max over later u of
+    contradiction(s, u, ·) (s as the evidence); 0 where no such sentence exists.
+    """
+    pre = jax.nn.softmax(pre_logits[..., attributes, :], axis=-1)
+    eff = jax.nn.softmax(eff_logits[..., attributes, :], axis=-1)
+    # [N, t, s, a]: earlier effect true and later precondition false, or the other way round.
+    contradiction = (eff[:, :, None, :, 2] * pre[:, None, :, :, 1]
+                     + eff[:, :, None, :, 1] * pre[:, None, :, :, 2])
+    num_sentences = sentence_mask.shape[-1]
+    earlier = np.triu(np.ones((num_sentences, num_sentences), bool), k=1)  # [t, s]: t < s
+    valid = (earlier[None, :, :] & sentence_mask[:, :, None] & sentence_mask[:, None, :])
+    contradiction = jnp.where(valid[..., None], contradiction, 0.0)
+    as_breakpoint = contradiction.max(axis=1)  # over earlier t: [N, s, a]
+    as_evidence = contradiction.max(axis=2)    # over later s: [N, t, a]
+    return jnp.concatenate([as_breakpoint, as_evidence], axis=-1)
 
 
 def scatter_rows(row_values: jax.Array, row_index: jax.Array, row_shape: tuple[int, ...]
@@ -266,13 +307,29 @@ class TieredModel(nn.Module):
                                   eff_logits.reshape(len(h_flat), -1)[:, columns]], axis=-1)
         states = jax.lax.stop_gradient(states)
         drop = lambda y: nn.Dropout(cfg.projection_dropout)(y, deterministic=deterministic)
+        projected_states = nn.Dense(cfg.state_projection, name="states_proj")(drop(states))
+        if cfg.state_transitions:
+            num_tracks = len(h_flat) // grid[-1]
+            transitions = transition_features(
+                pre_logits.reshape(num_tracks, grid[-1], *pre_logits.shape[1:]),
+                eff_logits.reshape(num_tracks, grid[-1], *eff_logits.shape[1:]),
+                row_mask.reshape(num_tracks, grid[-1]), binary_attributes(cfg.num_classes))
+            transitions = jax.lax.stop_gradient(transitions).reshape(len(h_flat), -1)
+            projected_states = projected_states + nn.Dense(
+                cfg.state_projection, name="transitions_proj")(transitions)
         features = jnp.concatenate(
             [nn.Dense(cfg.embedding_projection, name="embedding_proj")(drop(h_flat)),
-             nn.Dense(cfg.state_projection, name="states_proj")(drop(states))], axis=-1)
+             projected_states], axis=-1)
 
         tracks = features.reshape(-1, grid[-1], cfg.detector_d_model)  # [B*2*E, S, D]
         conflict_logits = ConflictDetector(cfg, name="detector")(
             tracks, row_mask.reshape(-1, grid[-1]), deterministic=deterministic).reshape(grid)
+        if cfg.state_transitions:
+            # A direct linear path as well: a contradiction raises the belief in its two
+            # sentences without having to pass through the detector's layers.
+            direct = nn.Dense(1, name="transitions_out", kernel_init=nn.initializers.constant(
+                cfg.transitions_init_weight))
+            conflict_logits = conflict_logits + direct(transitions).reshape(grid)
         conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
 
         if cfg.story_score == "max":
