@@ -9,9 +9,9 @@ Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data):
 
   python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
 
-With these reference settings no run here learned to predict a conflict (held-out consistency
-0; README "Results", runs r1-r5), so this command does not beat the random baseline on
-consistency.
+With these reference settings no run here learned to predict the conflicting sentences
+(held-out consistency 0 at the end of runs r1-r5; README "Results"), so this command does not
+beat the random baseline on consistency.
 
 Expected result (test accuracy / consistency / verifiability, %): 73.5 / 27.1 / 8.0 (random
 baseline 50.7 / 5.0 / 0.0; paper, RoBERTa-large trained on train: 72.9 / 19.1 / 9.1) from two
