@@ -13,6 +13,7 @@ Outputs in the workdir: ``metrics.jsonl`` (one JSON object per log/eval event), 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import re
@@ -92,10 +93,9 @@ def make_optimizer(train_config, total_steps: int
                            eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
 
     if train_config.head_learning_rate > 0 or train_config.freeze_encoder:
-        heads = schedule
-        if train_config.head_learning_rate > 0:
-            heads = learning_rate_schedule(train_config, total_steps,
-                                           train_config.head_learning_rate)
+        # head_learning_rate 0 (None here): the heads share the encoder's peak rate.
+        heads = learning_rate_schedule(train_config, total_steps,
+                                       train_config.head_learning_rate or None)
         encoder = optax.set_to_zero() if train_config.freeze_encoder else adamw(schedule)
         adamw = optax.multi_transform({"encoder": encoder, "heads": adamw(heads)},
                                       _encoder_or_heads)
@@ -203,10 +203,7 @@ def init_params_from(config, params):
 
     params = jax.tree_util.tree_map_with_path(pick, params)
     # One entry per top-level group: "detector (18)" rather than 18 paths.
-    groups: dict[str, int] = {}
-    for name in fresh:
-        group = name.split("]")[0] + "]"
-        groups[group] = groups.get(group, 0) + 1
+    groups = collections.Counter(name.split("]")[0] + "]" for name in fresh)
     logging.info("train.init_from: %d parameters from %s (%s checkpoint, step %d, protocol "
                  "%s); freshly initialised: %s", len(taken), train_config.init_from,
                  source.kind, source.step, source.meta.get("protocol"),
