@@ -1,9 +1,10 @@
 """Time per training epoch on the dev pairs, and its growth with 1×, 2×, 4× the pairs.
 
-Runs the training loop's inner steps as ``trip_jax.train`` runs them: ``train.batch_stream``
-(shuffled by seed and epoch, the config's layout and buckets) → ``sharding.global_batch`` → the
-jitted train step, with metrics left on the device until the epoch ends. The reference layout
-(``reference_dense``) instead feeds one pair a batch, padded to the data's maximum sizes.
+Runs the training loop's inner steps as ``trip_jax.train`` runs them:
+``input_pipeline.batch_stream`` (shuffled by seed and epoch, the config's layout and buckets) →
+``sharding.global_batch`` → the jitted train step, with metrics left on the device until the epoch
+ends. The reference layout (``reference_dense``) instead feeds one pair a batch, padded to the
+data's maximum sizes.
 
 Compiling is measured apart: first every distinct batch shape that the epochs will meet is
 compiled ahead of time (timed per shape; ``first_epoch_s`` = the 1× epoch plus compiling its
@@ -18,6 +19,7 @@ fixed seconds per epoch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -27,9 +29,9 @@ import jax
 import numpy as np
 
 from benchmarks import harness, padding
-from trip_jax import runtime, train
+from trip_jax import input_pipeline, runtime
+from trip_jax.batch_contract import row_groups
 from trip_jax.data import batching
-from trip_jax.schema import row_groups
 
 
 def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int,
@@ -42,11 +44,11 @@ def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: in
         return batching.batches([encoded[i] for i in order], batch_size, layout="packed",
                                 buckets=h.buckets, seq_len=h.seq_len,
                                 max_sentences=h.config.data.max_sentences,
-                                short_seq_len=h.config.data.short_seq_len or None)
+                                short_seq_len=h.layout.short_seq_len)
     if layout == "packed":
-        config = h.config.copy_and_resolve_references()
-        config.data.layout = "packed"
-        return train.batch_stream(encoded, config, batch_size, shuffle=True, epoch=epoch)
+        return input_pipeline.batch_stream(
+            encoded, dataclasses.replace(h.layout, layout="packed"), batch_size, shuffle=True,
+            seed=h.config.train.seed, epoch=epoch)
     if batch_size != 1:
         raise ValueError("the reference layout holds one pair a batch (batch_size 1)")
     order = batching.epoch_order(len(encoded), shuffle=True, seed=h.config.train.seed,

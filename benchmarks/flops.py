@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trip_jax.batch_contract import row_groups
 from trip_jax.models.tiered import TieredConfig
-from trip_jax.schema import row_groups
 
 
 def encoder_matmul_params(hf_config) -> int:

@@ -1,9 +1,10 @@
 """The real training objects of one model, built the way ``trip_jax.train`` builds them.
 
 ``Harness.build`` reads the dev pairs from ``$TRIP_DATA_DIR``, tokenizes them with the model's
-tokenizer, and creates the mesh, the model, the optimizer, the train state and the jitted
-``train.make_train_step`` / ``train.make_eval_step`` functions. The benchmarks time exactly those
-step functions (encoder + heads + detector + loss + optimizer update).
+tokenizer (``trip_jax.input_pipeline``), and creates the mesh, the model and, with
+``train.build_trainer`` (as training does), the optimizer, the train state and the jitted train
+and eval steps. The benchmarks time exactly those step functions (encoder + heads + detector +
+loss + optimizer update).
 
 Also here: the batches the benchmarks feed them. ``representative_pairs`` picks B pairs spread
 over the dev set's row-count distribution (so a fixed batch has about the mean pair size), and
@@ -22,9 +23,10 @@ import ml_collections
 import numpy as np
 
 from benchmarks import models
-from trip_jax import builders, losses, sharding, train
+from trip_jax import builders, input_pipeline, sharding, train
 from trip_jax.data import batching, features, readers
 from trip_jax.data.features import Buckets, EncodedPair
+from trip_jax.input_pipeline import Layout
 from trip_jax.models.tiered import TieredConfig
 
 # Steps the optimizer schedule is built for (the constant schedule ignores it).
@@ -40,10 +42,23 @@ class Harness:
     tokenizer: Any
     encoded: list[EncodedPair]
     hf_config: Any
-    mesh: Any
+    trainer: train.Trainer
     state: Any
-    train_step: Any
-    eval_step: Any
+
+    @property
+    def mesh(self):
+        """The device mesh the steps run on."""
+        return self.trainer.mesh
+
+    @property
+    def train_step(self):
+        """The jitted train step (``train.make_train_step``)."""
+        return self.trainer.train_step
+
+    @property
+    def eval_step(self):
+        """The jitted eval step (``evaluate.make_eval_step``)."""
+        return self.trainer.eval_step
 
     @classmethod
     def build(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
@@ -57,18 +72,13 @@ class Harness:
         if max_pairs:
             pairs = pairs[:max_pairs]
         tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
-        encoded = features.encode_pairs(pairs, tokenizer, max_sentences=config.data.max_sentences)
+        encoded = input_pipeline.encode(pairs, tokenizer, Layout.from_config(config.data))
         hf_config, encoder_params = builders.build_encoder_config(config.model, tokenizer)
         model = builders.build_model(config, hf_config)
-        mesh = sharding.create_mesh(config.mesh)
-        tx, schedule = train.make_optimizer(config.train, _SCHEDULE_STEPS)
-        state, shardings = train.create_train_state(config, model, tx, mesh, encoder_params)
-        loss_config = losses.LossConfig.from_mapping(config.loss)
-        train_step = train.make_train_step(model, tx, schedule, loss_config, mesh, shardings,
-                                           config.train.seed)
-        eval_step = train.make_eval_step(model, loss_config, mesh, shardings.params)
-        return cls(name, config, tokenizer, encoded, hf_config, mesh, state, train_step,
-                   eval_step)
+        trainer = train.build_trainer(config, model, sharding.create_mesh(config.mesh),
+                                      _SCHEDULE_STEPS)
+        return cls(name, config, tokenizer, encoded, hf_config, trainer,
+                   trainer.fresh_state(encoder_params))
 
     @property
     def tiered(self) -> TieredConfig:
@@ -78,21 +88,24 @@ class Harness:
              "max_sentences": self.config.data.max_sentences})
 
     @property
+    def layout(self) -> Layout:
+        """The config's batch layout (``input_pipeline.Layout``)."""
+        return Layout.from_config(self.config.data)
+
+    @property
     def buckets(self) -> Buckets:
         """The config's shape buckets."""
-        return Buckets(**self.config.data.buckets)
+        return self.layout.buckets
 
     @property
     def seq_len(self) -> int | None:
         """The config's fixed token length, or None (bucketed per batch)."""
-        return self.config.data.seq_len or None
+        return self.layout.seq_len
 
     def packed_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one packed batch with the config's buckets (the training layout)."""
-        return next(batching.batches(pairs, len(pairs), layout="packed", buckets=self.buckets,
-                                     seq_len=self.seq_len,
-                                     max_sentences=self.config.data.max_sentences,
-                                     short_seq_len=self.config.data.short_seq_len or None))
+        layout = dataclasses.replace(self.layout, layout="packed")
+        return next(input_pipeline.batch_stream(pairs, layout, len(pairs)))
 
     def reference_dense_batch(self, pair: EncodedPair) -> dict[str, np.ndarray]:
         """One pair in the reference's layout (see ``reference_dense_shape``)."""
@@ -109,7 +122,7 @@ class Harness:
         S = self.config.data.max_sentences
         stats = batching.layout_stats(self.encoded, batch_size, buckets=self.buckets,
                                       seq_len=self.seq_len, max_sentences=S,
-                                      short_seq_len=self.config.data.short_seq_len or None)
+                                      short_seq_len=self.layout.short_seq_len)
         real_tokens = stats["real_tokens"]
         summary = {"batch_size": batch_size, "pairs": len(self.encoded),
                    "real_rows": stats["real_rows"], "real_tokens": real_tokens}

@@ -75,7 +75,7 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
         conflict_positive_weight=1.0))  # > 1 weights positive conflict labels (reference: 1)
 
     config.train = ml_collections.ConfigDict()
-    config.train.learning_rate = 1e-5   # AdamW (DESIGN.md §2)
+    config.train.learning_rate = 1e-5   # AdamW (docs/reference.md, "Training")
     # Peak rate of the parameters outside the encoder (heads, detector); 0: learning_rate, as
     # the reference.
     config.train.head_learning_rate = 0.0

@@ -13,11 +13,10 @@ import threading
 
 import pytest
 
-import trip_files as fx
 from trip_jax.data import download
 from trip_jax.data.__main__ import main
 
-FIXTURE = os.path.join(fx.shared_data_dir(), "sample.www_2s.json")
+RELEASE_SAMPLE = "sample.www_2s.json"  # in the shared data directory
 
 
 @contextlib.contextmanager
@@ -42,12 +41,13 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture
-def served(tmp_path):
+def served(tmp_path, fx, data_dir):
     """A served folder holding the release fixture (the shared one, else a small one)."""
     root = tmp_path / "served"
     root.mkdir()
-    if os.path.isfile(FIXTURE):
-        shutil.copy(FIXTURE, root / "www_2s_new.json")
+    sample = os.path.join(data_dir, RELEASE_SAMPLE)
+    if os.path.isfile(sample):
+        shutil.copy(sample, root / "www_2s_new.json")
     else:
         fx.write_json(root / "www_2s_new.json", fx.release_data())
     (root / "notes.txt").write_text("not the release")

@@ -1,85 +1,46 @@
-"""Scoring a saved checkpoint (--mode=evaluate) and the random baseline report, on configs/tiny.py.
+"""Scoring a saved checkpoint (--mode=evaluate, the Evaluator) and the random baseline report,
+on configs/tiny.py.
 
-One tiny run (1 epoch, 4 steps) is trained per session and shared with tests/test_predict.py
-(``trained_workdir``); a persistent compilation cache, also handed to the ``main`` subprocess,
-spares recompiling the eval step.
+One tiny run (1 epoch, 4 steps) is trained per session (conftest's ``trained_workdir``) and
+shared with tests/test_predict.py; the persistent compilation cache, also handed to the ``main``
+subprocess, spares recompiling the eval step.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pathlib
+import re
 import shutil
-import subprocess
-import sys
 import types
 
-import jax
+import numpy as np
 import pytest
 
-from test_train import DATA_DIR, REPO, tiny_config
-from trip_jax import checkpoints, evaluate, protocol, random_baseline, schema, train
+from trip_jax import (checkpoints, evaluate, input_pipeline, metrics, protocol, random_baseline,
+                      schema)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def cache_dir(tmp_path_factory) -> pathlib.Path:
-    """The session's persistent JAX compilation cache."""
-    return tmp_path_factory.getbasetemp() / "jax_cache"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Lets every compilation after the first in this session load from disk."""
-    saved = (jax.config.jax_compilation_cache_dir,
-             jax.config.jax_persistent_cache_min_compile_time_secs)
-    jax.config.update("jax_compilation_cache_dir", str(cache_dir(tmp_path_factory)))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    yield
-    jax.config.update("jax_compilation_cache_dir", saved[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
-
-
-def trained_workdir(tmp_path_factory) -> pathlib.Path:
-    """A finished tiny run (1 epoch), trained once per session whichever module asks first."""
-    workdir = tmp_path_factory.getbasetemp() / "trained_tiny"
-    done = workdir / "TRAINED"
-    if not done.exists():
-        shutil.rmtree(workdir, ignore_errors=True)
-        config = tiny_config()
-        config.train.num_epochs = 1
-        train.train_and_evaluate(config, str(workdir))
-        done.touch()
-    return workdir
-
-
-def run_main(*flags: str, cache: pathlib.Path) -> subprocess.CompletedProcess:
-    """``python -m trip_jax.main`` on configs/tiny.py with the shared data and cache."""
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py",
-               f"--config.data.data_dir={DATA_DIR}", *flags]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+BEST = "best_verifiability-4"  # the tiny run's best checkpoint: its only selection, step 4
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return trained_workdir(tmp_path_factory)
+def workdir(trained_workdir):
+    return trained_workdir
 
 
 @pytest.fixture(scope="module")
-def evaluated(workdir, tmp_path_factory):
-    """``--mode=evaluate`` through the real main (absl flags), on test."""
-    result = run_main(f"--workdir={workdir}", "--mode=evaluate",
-                      cache=cache_dir(tmp_path_factory))
+def evaluated(workdir, run_main):
+    """``--mode=evaluate`` through the real main (absl flags), on test: (eval dir, stderr)."""
+    result = run_main(f"--workdir={workdir}", "--mode=evaluate")
     assert result.returncode == 0, result.stderr[-3000:]
-    return workdir / "eval"
+    return workdir / "eval", result.stderr
 
 
-def test_evaluate_mode_writes_every_report(evaluated, workdir):
-    report = json.loads((evaluated / "test.json").read_text())
+def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
+    evaluated, _ = evaluated
+    report = json.loads((evaluated / f"test.{BEST}.json").read_text())
     best = checkpoints.restore_for_eval(str(workdir))
     assert report["checkpoint"] == "best_verifiability"
     assert report["checkpoint_step"] == best.step == 4
@@ -94,7 +55,7 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir):
     assert len(scores["failure_modes"]) == 8 and "loss/total" in scores
     assert report["baselines"]["random baseline (10 seeds)"]["num_pairs"] == 8
 
-    lines = (evaluated / "test.predictions.jsonl").read_text().splitlines()
+    lines = (evaluated / f"test.{BEST}.predictions.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     test_ids = [p.pair_id for p in protocol.load_protocol_splits(tiny_config().data).test]
     assert [r["pair_id"] for r in records] == test_ids
@@ -109,46 +70,97 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir):
         assert all(s["side"] in ("effect", "precondition") for s in explanation["states"])
     assert sum(r["correct"] for r in records) == round(scores["accuracy"] * 8)
 
-    markdown = (evaluated / "test.md").read_text()
+    markdown = (evaluated / f"test.{BEST}.md").read_text()
     assert "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |" in markdown
     assert "| random baseline (10 seeds) |" in markdown and "| random bert |" in markdown
-    for plot in ("test.failure_modes.png", "test.attributes.png"):
+    for plot in (f"test.{BEST}.failure_modes.png", f"test.{BEST}.attributes.png"):
         data = (evaluated / plot).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 1000
 
 
+def test_evaluate_mode_shows_progress_with_eta(evaluated):
+    _, stderr = evaluated
+    # tqdm over the 4 test batches (8 pairs, eval batch 2): "test: 100%|...| 4/4 [00:01<00:00"
+    assert re.search(r"test: +100%\|.*\| 4/4 \[\d+:\d+<\d+:\d+", stderr), stderr[-2000:]
+
+
 def test_evaluate_mode_agrees_with_the_training_report(evaluated, workdir):
     """Training's final test report goes through the same path: same metrics, same records."""
+    evaluated, _ = evaluated
     trained = json.loads((workdir / "reports" / "test.json").read_text())
-    scored = json.loads((evaluated / "test.json").read_text())
+    scored = json.loads((evaluated / f"test.{BEST}.json").read_text())
     assert scored["metrics"].keys() == trained["metrics"].keys()
     for key, value in trained["metrics"].items():
         expected = pytest.approx(value) if isinstance(value, float) else value
         assert scored["metrics"][key] == expected, key
     assert ((workdir / "reports" / "test.predictions.jsonl").read_text()
-            == (evaluated / "test.predictions.jsonl").read_text())
+            == (evaluated / f"test.{BEST}.predictions.jsonl").read_text())
 
 
-def test_other_checkpoint_and_split(workdir):
+def test_evaluator_scores_what_training_logged(workdir, tiny_config):
+    """The Evaluator on a checkpoint gives the selection scores training logged at its step."""
+    config = tiny_config()
+    splits = input_pipeline.load_splits(config.data)
+    restored = checkpoints.restore_for_eval(str(workdir), "latest")
+    assert restored.step == 4
+    evaluation = evaluate.Evaluator.for_checkpoint(restored, splits.selection, config).run(
+        restored.params)
+    logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    [record] = [r for r in logged if r["split"] == splits.selection_name and r["step"] == 4]
+    for key, value in evaluation.scalars.items():
+        if key.startswith("loss/"):
+            assert value == pytest.approx(record[key], rel=1e-5), key
+        else:
+            assert value == record[key], key
+    assert set(metrics.SCALAR_METRICS) <= set(evaluation.scalars)
+    assert [r["pair_id"] for r in evaluation.records] == [p.pair_id for p in splits.selection]
+
+
+def test_predictions_are_cut_to_each_pairs_stories(workdir, tiny_config):
+    config = tiny_config()
+    pairs = input_pipeline.load_splits(config.data).test
+    restored = checkpoints.restore_for_eval(str(workdir))
+    predictions = evaluate.Evaluator.for_checkpoint(restored, pairs, config).predict(
+        restored.params)
+    assert predictions.arrays["pair_index"].tolist() == list(range(len(pairs)))
+    for n, pair in enumerate(pairs):
+        values = predictions.for_pair(n, pair)
+        for k, story in enumerate(pair.stories):
+            shape = (story.num_entities, story.num_sentences)
+            assert values["conflict_prob"][k].shape == shape
+            assert values["pre_pred"][k].shape == (*shape, schema.NUM_ATTRIBUTES)
+        assert values["story_score"].shape == (2,)
+        assert int(values["story_pred"]) == int(np.argmax(values["story_score"]))
+
+
+def test_other_checkpoint_and_split(workdir, tiny_config):
     result = evaluate.evaluate_checkpoint(tiny_config(), str(workdir), "2", "dev_holdout")
     assert result["step"] == 2 and result["checkpoint"] == "latest"
-    report = json.loads((workdir / "eval" / "dev_holdout.json").read_text())
-    assert report["checkpoint_step"] == 2
+    report = json.loads((workdir / "eval" / "dev_holdout.latest-2.json").read_text())
+    assert report["checkpoint_step"] == 2 and report["split"] == "dev_holdout"
     assert report["metrics"]["num_pairs"] == len(
         protocol.load_protocol_splits(tiny_config().data).selection)
-    with pytest.raises(evaluate.EvaluationError, match="dev_holdout, test, train"):
+    with pytest.raises(input_pipeline.UnknownSplitError, match="dev_holdout, test, train"):
         evaluate.evaluate_checkpoint(tiny_config(), str(workdir), split="dev")
 
 
-def test_missing_checkpoint_is_a_clear_error(tmp_path_factory, tmp_path):
-    result = run_main(f"--workdir={tmp_path / 'untrained'}", "--mode=evaluate",
-                      cache=cache_dir(tmp_path_factory))
+def test_two_checkpoints_never_overwrite_each_other(evaluated, workdir, tiny_config):
+    evaluated, _ = evaluated
+    result = evaluate.evaluate_checkpoint(tiny_config(), str(workdir), "2", "test")
+    assert result["paths"]["json"].name == "test.latest-2.json"
+    assert json.loads((evaluated / "test.latest-2.json").read_text())["checkpoint_step"] == 2
+    assert json.loads((evaluated / f"test.{BEST}.json").read_text())["checkpoint_step"] == 4
+
+
+def test_missing_checkpoint_is_a_clear_error(run_main, tmp_path):
+    result = run_main(f"--workdir={tmp_path / 'untrained'}", "--mode=evaluate")
     assert result.returncode == 1
     assert "error: no checkpoint 'best_verifiability'" in result.stderr
     assert "train first" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_mismatched_config_and_corrupt_checkpoint_are_clear_errors(workdir, tmp_path):
+def test_mismatched_config_and_corrupt_checkpoint_are_clear_errors(workdir, tmp_path,
+                                                                    tiny_config):
     other = tiny_config()
     other.model.tiered.detector_layers = 2
     with pytest.raises(checkpoints.CheckpointError, match="detector_layers: saved 1, now 2"):
@@ -163,7 +175,7 @@ def test_mismatched_config_and_corrupt_checkpoint_are_clear_errors(workdir, tmp_
     assert not (broken / "eval").exists()
 
 
-def test_random_baseline_report(tmp_path):
+def test_random_baseline_report(tmp_path, tiny_config):
     result = evaluate.random_baseline_report(tiny_config(), str(tmp_path), "test")
     names = sorted(p.name for p in (tmp_path / "eval").iterdir())
     assert names == [f"random_baseline.test.{end}" for end in (
@@ -172,8 +184,9 @@ def test_random_baseline_report(tmp_path):
     assert report["model"] == "random baseline (10 seeds)" and report["seeds"] == 10
     pairs = protocol.load_protocol_splits(tiny_config().data).test
     expected = random_baseline.random_baseline(pairs, seeds=10)
-    for key in random_baseline.SCALAR_METRICS:
+    for key in metrics.SCALAR_METRICS:
         assert report["metrics"][key] == pytest.approx(expected[key])
+        assert report["metrics"]["std"][key] == pytest.approx(expected["std"][key])
     modes = result["metrics"]["failure_modes"]
     assert sum(m["count"] for m in modes) == pytest.approx(len(pairs))
     assert sum(m["fraction"] for m in modes) == pytest.approx(1.0)
@@ -181,15 +194,18 @@ def test_random_baseline_report(tmp_path):
         tmp_path / "eval" / "random_baseline.test.md").read_text()
 
 
-def test_mean_of_metric_trees():
-    trees = [{"a": 1.0, "n": 8, "flag": True, "rows": [{"c": 2}], "f": float("nan")},
-             {"a": 3.0, "n": 8, "flag": True, "rows": [{"c": 5}], "f": 0.5}]
-    assert evaluate._mean(trees) == {"a": 2.0, "n": 8, "flag": True, "rows": [{"c": 3.5}],
-                                     "f": 0.5}
+def test_random_baseline_mode_reads_trip_data_dir(run_main, tmp_path, data_dir):
+    """The one entry point of the random baseline: the data directory from $TRIP_DATA_DIR
+    (config.data.data_dir unset), a summary on stdout, the report in WORKDIR/eval/."""
+    result = run_main(f"--workdir={tmp_path}", "--mode=random_baseline", "--split=test",
+                      "--config.data.data_dir=", env={"TRIP_DATA_DIR": data_dir})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "random baseline on test: 8 pairs, 10 seeds, scheme tiered" in result.stdout
+    assert "verifiability" in result.stdout and "±" in result.stdout
+    assert (tmp_path / "eval" / "random_baseline.test.json").exists()
 
 
 def test_eval_batch_size_is_rounded_up_to_the_devices():
-    config = tiny_config()
     four_devices = types.SimpleNamespace(shape={"data": 2, "fsdp": 2})
-    assert evaluate.eval_config(config, four_devices).train.eval_batch_size == 4
-    assert config.train.eval_batch_size == 2
+    assert evaluate.eval_batch_size(2, four_devices) == 4
+    assert evaluate.eval_batch_size(8, four_devices) == 8

@@ -1,4 +1,5 @@
-"""Tests of the pure-numpy TRIP metrics: every clause of DESIGN.md §3 on hand-built pairs."""
+"""Tests of the pure-numpy TRIP metrics: every clause of docs/reference.md "Metrics" on hand-built
+pairs."""
 
 from __future__ import annotations
 
@@ -49,12 +50,14 @@ def perfect(gold: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             "pre_pred": gold["pre_label"].copy(), "eff_pred": gold["eff_label"].copy()}
 
 
-def score(gold, pred, **kwargs):
+def arrays(gold, pred) -> metrics.TieredArrays:
+    """The metric inputs of a gold dict and a prediction dict."""
+    return metrics.TieredArrays(**gold, **pred)
+
+
+def score(gold, pred):
     """tiered_metrics on a gold dict and a prediction dict."""
-    return metrics.tiered_metrics(
-        gold["story_label"], pred["story_pred"], gold["conflict_label"], pred["conflict_prob"],
-        gold["pre_label"], pred["pre_pred"], gold["eff_label"], pred["eff_pred"],
-        gold["mask"], **kwargs)
+    return metrics.tiered_metrics(arrays(gold, pred))
 
 
 def tiers(result) -> tuple[float, float, float]:
@@ -97,9 +100,7 @@ def test_conflict_set_with_three_sentences_is_not_consistent():
     gold = gold_pair(0)
     pred = perfect(gold)
     pred["conflict_prob"][0, 1, 1, 4] = 0.7  # another entity flags a third sentence
-    outcomes = metrics.pair_outcomes(
-        gold["story_label"], pred["story_pred"], gold["conflict_label"], pred["conflict_prob"],
-        gold["pre_label"], pred["pre_pred"], gold["eff_label"], pred["eff_pred"], gold["mask"])
+    outcomes = metrics.pair_outcomes(arrays(gold, pred))
     assert outcomes["predicted_sentences"][0].tolist() == [False, True, False, True, True]
     assert tiers(score(gold, pred)) == (1.0, 0.0, 0.0)
 
@@ -271,9 +272,7 @@ def test_state_contribution_counts_correct_states_in_detected_conflicts():
 def test_outcome_record_is_plain_json():
     gold = gold_pair(1)
     pred = perfect(gold)
-    outcomes = metrics.pair_outcomes(
-        gold["story_label"], pred["story_pred"], gold["conflict_label"], pred["conflict_prob"],
-        gold["pre_label"], pred["pre_pred"], gold["eff_label"], pred["eff_pred"], gold["mask"])
+    outcomes = metrics.pair_outcomes(arrays(gold, pred))
     record = metrics.outcome_record(outcomes, 0)
     assert record == {"correct": True, "consistent": True, "verifiable": True,
                       "conflict_correct": True, "states_correct": True,
@@ -285,9 +284,8 @@ def test_mask_none_means_all_rows_real():
     gold["mask"][...] = True
     pred = perfect(gold)
     with_mask = score(gold, pred)
-    without = metrics.tiered_metrics(
-        gold["story_label"], pred["story_pred"], gold["conflict_label"], pred["conflict_prob"],
-        gold["pre_label"], pred["pre_pred"], gold["eff_label"], pred["eff_pred"])
+    del gold["mask"]
+    without = score(gold, pred)
     assert tiers(with_mask) == tiers(without) == (1.0, 1.0, 1.0)
 
 
@@ -340,7 +338,7 @@ def random_case(draw):
 @settings(max_examples=60, deadline=None)
 @given(random_case())
 def test_accuracy_bounds_consistency_bounds_verifiability(case):
-    result = metrics.tiered_metrics(*case)
+    result = metrics.tiered_metrics(metrics.TieredArrays(*case))
     assert result["accuracy"] >= result["consistency"] >= result["verifiability"]
     modes = {(m["story"], m["conflict"], m["states"]): m["fraction"]
              for m in result["failure_modes"]}

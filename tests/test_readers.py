@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 
 import numpy as np
 import pytest
 
-import trip_files as fx
 from trip_jax import schema
 from trip_jax.data import readers
 from trip_jax.data.readers import TripDataError, TripDataWarning
@@ -27,7 +27,7 @@ def read_quietly(path, **kwargs):
 
 # --- CGLI ------------------------------------------------------------------------------------
 
-def test_cgli_pairs_labels_ids_and_states(tmp_path):
+def test_cgli_pairs_labels_ids_and_states(fx, tmp_path):
     path = fx.write_jsonl(tmp_path / "dev.cgli.jsonl", fx.cgli_records())
     pairs = read_quietly(path)
     assert [p.pair_id for p in pairs] == ["1-C0-1-C0", "1-C1-1-C1"]
@@ -43,13 +43,13 @@ def test_cgli_pairs_labels_ids_and_states(tmp_path):
     assert (story.states[1, :, :, MOVEABLE] == 2).all() and story.states.sum() == 3 * 2 * 2
 
 
-def test_cgli_detected_from_content(tmp_path):
+def test_cgli_detected_from_content(fx, tmp_path):
     path = fx.write_jsonl(tmp_path / "dev.json", fx.cgli_records())  # CGLI's own file name
     assert readers.detect_format(path) == "cgli"
     assert len(read_quietly(path)) == 2
 
 
-def test_cgli_short_states_are_padded_and_reported_once(tmp_path):
+def test_cgli_short_states_are_padded_and_reported_once(fx, tmp_path):
     records = fx.cgli_records()
     for r in records[:2]:
         r["states"] = [track[:2] for track in r["states"]]
@@ -78,7 +78,7 @@ def test_cgli_short_states_are_padded_and_reported_once(tmp_path):
      "evidence sentence before"),
     (1, lambda r: r.__setitem__("plausible", "yes"), "plausible", "true/false"),
 ])
-def test_cgli_bad_story_names_file_line_and_field(tmp_path, line, mutate, field, problem):
+def test_cgli_bad_story_names_file_line_and_field(fx, tmp_path, line, mutate, field, problem):
     records = fx.cgli_records()
     mutate(records[line - 1])
     path = fx.write_jsonl(tmp_path / "dev.cgli.jsonl", records)
@@ -89,7 +89,7 @@ def test_cgli_bad_story_names_file_line_and_field(tmp_path, line, mutate, field,
     assert f"'{field}'" in message and problem in message
 
 
-def test_cgli_pair_without_exactly_one_plausible_story(tmp_path):
+def test_cgli_pair_without_exactly_one_plausible_story(fx, tmp_path):
     records = fx.cgli_records()
     records[1] = fx.cgli_story("1-C0-1-C0", True)
     path = fx.write_jsonl(tmp_path / "dev.cgli.jsonl", records)
@@ -97,13 +97,13 @@ def test_cgli_pair_without_exactly_one_plausible_story(tmp_path):
         readers.read_pairs(path)
 
 
-def test_cgli_odd_number_of_stories(tmp_path):
+def test_cgli_odd_number_of_stories(fx, tmp_path):
     path = fx.write_jsonl(tmp_path / "dev.cgli.jsonl", fx.cgli_records()[:3])
     with pytest.raises(TripDataError, match=r"line 3: an odd number of stories"):
         readers.read_pairs(path)
 
 
-def test_cgli_unreadable_json_names_the_line(tmp_path):
+def test_cgli_unreadable_json_names_the_line(fx, tmp_path):
     path = fx.write_jsonl(tmp_path / "dev.cgli.jsonl", fx.cgli_records())
     lines = open(path).read().splitlines()
     lines[2] = lines[2][:50]
@@ -114,7 +114,7 @@ def test_cgli_unreadable_json_names_the_line(tmp_path):
 
 # --- HAR -------------------------------------------------------------------------------------
 
-def test_har_keeps_every_evidence_sentence(tmp_path):
+def test_har_keeps_every_evidence_sentence(fx, tmp_path):
     path = fx.write_jsonl(tmp_path / "x.har.jsonl", fx.har_records())
     pairs = read_quietly(path)
     assert [p.pair_id for p in pairs] == ["dev_1", "dev_2"] and [p.label for p in pairs] == [0, 1]
@@ -125,7 +125,7 @@ def test_har_keeps_every_evidence_sentence(tmp_path):
     assert story.story_id == "dev_2/0" and story.entities == ("John", "ball")
 
 
-def test_har_latest_evidence_before_breakpoint(tmp_path):
+def test_har_latest_evidence_before_breakpoint(fx, tmp_path):
     records = fx.har_records()[:1]
     records[0]["stories"][1] = fx.har_story(False, 2, [0, 1], [[1, 2]])
     pairs = read_quietly(fx.write_jsonl(tmp_path / "x.har.jsonl", records))
@@ -133,7 +133,7 @@ def test_har_latest_evidence_before_breakpoint(tmp_path):
     assert pairs[0].implausible.conflict == (1, 2)
 
 
-def test_har_detected_from_content(tmp_path):
+def test_har_detected_from_content(fx, tmp_path):
     path = fx.write_jsonl(tmp_path / "dev_curated_trip.json", fx.har_records())
     assert readers.detect_format(path) == "har"
 
@@ -142,7 +142,7 @@ def test_har_detected_from_content(tmp_path):
     (lambda r: r.pop("pair_plausible_story"), "pair_plausible_story", "missing"),
     (lambda r: r.__setitem__("pair_plausible_story", 2), "pair_plausible_story", "out of range"),
     (lambda r: r.__setitem__("pair_plausible_story", 1), "pair_plausible_story", "story 0 is"),
-    (lambda r: r["stories"].__setitem__(1, fx.har_story(True)), "plausible",
+    (lambda r: r["stories"].__setitem__(1, copy.deepcopy(r["stories"][0])), "plausible",
      "exactly one plausible"),
     (lambda r: r["stories"][0].__setitem__("confl_pairs", [[0, 1]]), "confl_pairs",
      "a plausible story lists conflicts"),
@@ -153,7 +153,7 @@ def test_har_detected_from_content(tmp_path):
     (lambda r: r["stories"][0]["states"][1][0][1].__setitem__(POWER, 7), "states", "out of range"),
     (lambda r: r["stories"].pop(), "stories", "expected two stories"),
 ])
-def test_har_bad_pair_names_file_line_and_field(tmp_path, mutate, field, problem):
+def test_har_bad_pair_names_file_line_and_field(fx, tmp_path, mutate, field, problem):
     records = fx.har_records()
     mutate(records[0])
     path = fx.write_jsonl(tmp_path / "x.har.jsonl", records)
@@ -177,7 +177,7 @@ def test_har_unreadable_json(tmp_path):
 
 # --- release ---------------------------------------------------------------------------------
 
-def test_release_converts_raw_labels_and_collects_entities(tmp_path):
+def test_release_converts_raw_labels_and_collects_entities(fx, tmp_path):
     path = fx.write_json(tmp_path / "www_2s_new.json", fx.release_data())
     pairs = read_quietly(path, split="dev")
     assert [p.pair_id for p in pairs] == ["1-C0", "2-C0"] and [p.label for p in pairs] == [0, 1]
@@ -195,7 +195,7 @@ def test_release_converts_raw_labels_and_collects_entities(tmp_path):
     assert implausible.conflict == (1, 2)
 
 
-def test_release_partitions_and_split_choice(tmp_path):
+def test_release_partitions_and_split_choice(fx, tmp_path):
     path = fx.write_json(tmp_path / "www_2s_new.json",
                          fx.release_data({"train": 3, "dev": 2, "test": 1}))
     assert readers.detect_format(path) == "release"
@@ -210,7 +210,7 @@ def test_release_partitions_and_split_choice(tmp_path):
     assert len(read_quietly(single)) == 2  # one non-empty partition: no split needed
 
 
-def test_release_short_annotations_and_duplicates_are_reported(tmp_path):
+def test_release_short_annotations_and_duplicates_are_reported(fx, tmp_path):
     data = fx.release_data()
     data[0]["dev"][0]["stories"][0]["states"].pop()
     data[0]["dev"][1]["stories"][0]["states"][0]["power"].append(["ball", 4])
@@ -245,7 +245,7 @@ def test_release_short_annotations_and_duplicates_are_reported(tmp_path):
     (lambda p: p["stories"][1]["states"][0]["power"].__setitem__(0, "ball"), "states[0].power",
      "expected [entity, label]"),
 ])
-def test_release_bad_pair_names_file_pair_and_field(tmp_path, mutate, field, problem):
+def test_release_bad_pair_names_file_pair_and_field(fx, tmp_path, mutate, field, problem):
     data = fx.release_data()
     mutate(data[0]["dev"][0])
     path = fx.write_json(tmp_path / "www_2s_new.json", data)
@@ -265,7 +265,7 @@ def test_release_unreadable_json(tmp_path):
 
 # --- detection, splits and the data directory --------------------------------------------------
 
-def test_unknown_format_is_a_clear_error(tmp_path):
+def test_unknown_format_is_a_clear_error(fx, tmp_path):
     path = fx.write_jsonl(tmp_path / "other.json", [{"id": 1}])
     with pytest.raises(TripDataError, match="cannot tell the TRIP format"):
         readers.read_pairs(path)
@@ -275,7 +275,7 @@ def test_unknown_format_is_a_clear_error(tmp_path):
         readers.read_pairs(str(tmp_path / "missing.cgli.jsonl"))
 
 
-def test_find_and_load_splits(tmp_path):
+def test_find_and_load_splits(fx, tmp_path):
     fx.write_jsonl(tmp_path / "dev.cgli.jsonl", fx.cgli_records())
     fx.write_jsonl(tmp_path / "test_curated.har.jsonl", fx.har_records())  # a subset: never a split
     assert readers.find_split_files(str(tmp_path)) == {"dev": str(tmp_path / "dev.cgli.jsonl")}
@@ -289,7 +289,7 @@ def test_find_and_load_splits(tmp_path):
         readers.load_split(str(tmp_path), "test_curated")
 
 
-def test_release_in_data_dir_provides_every_split(tmp_path):
+def test_release_in_data_dir_provides_every_split(fx, tmp_path):
     release = fx.write_json(tmp_path / readers.RELEASE_FILENAME,
                             fx.release_data({"train": 3, "dev": 2, "test": 1}))
     fx.write_jsonl(tmp_path / "dev.cgli.jsonl", fx.cgli_records())

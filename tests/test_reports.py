@@ -21,10 +21,11 @@ def scored():
     eff[:, 1, 0, 1, schema.ATTRIBUTE_INDEX["power"]] = 1
     story_label = np.array([0, 0])
     story_pred = np.array([0, 1])
-    args = (story_label, story_pred, conflict, conflict * 0.8, pre, pre, eff, eff)
-    outcomes = metrics.pair_outcomes(*args)
+    args = metrics.TieredArrays(story_label, story_pred, conflict, conflict * 0.8, pre, pre, eff,
+                                eff)
+    outcomes = metrics.pair_outcomes(args)
     records = [{"pair_id": f"p{n}", **metrics.outcome_record(outcomes, n)} for n in range(2)]
-    return metrics.tiered_metrics(*args), records
+    return metrics.tiered_metrics(args), records
 
 
 def test_write_report_writes_every_file(tmp_path):

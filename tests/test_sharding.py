@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
-from trip_jax import schema, sharding
+from trip_jax import batch_contract, sharding
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
@@ -58,7 +58,7 @@ def test_pad_rows_adds_rows_the_model_drops():
     assert sharding.pad_rows(batch, 5)["input_ids"].shape == (5, 3)
     # A batch with the short-row group pads each group on its own.
     grouped = {**batch, **{"short_" + k: batch[k][:2, :2] if batch[k].ndim == 2
-                           else batch[k][:2] for k in schema.ROW_KEYS}}
+                           else batch[k][:2] for k in batch_contract.ROW_KEYS}}
     padded = sharding.pad_rows(grouped, 4)
     assert padded["input_ids"].shape == (8, 3) and padded["short_input_ids"].shape == (4, 2)
     np.testing.assert_array_equal(padded["short_row_index"], [0, 1, 14, 14])

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-import trip_files as fx
 from trip_jax.data import readers, stats
 from trip_jax.data.__main__ import main
 
-DATA_DIR = fx.shared_data_dir()
-needs_data = pytest.mark.skipif(not os.path.isdir(DATA_DIR),
-                                reason=f"shared TRIP data not found at {DATA_DIR}")
-
-
-def test_shared_plausible_story_is_counted_once(tmp_path):
+def test_shared_plausible_story_is_counted_once(fx, tmp_path):
     pairs = readers.read_pairs(fx.write_jsonl(tmp_path / "dev.cgli.jsonl", fx.cgli_records()))
     got = stats.split_stats(pairs)
     # Both pairs share the plausible story and the implausible text: one story of each kind.
@@ -29,10 +22,9 @@ def test_shared_plausible_story_is_counted_once(tmp_path):
     assert got["physical_state_annotations"] == 2 * 3
 
 
-@needs_data
-def test_shared_data_matches_table_1(capsys):
+def test_shared_data_matches_table_1(capsys, data_dir):
     with pytest.warns(readers.TripDataWarning, match="5 stories have states for fewer"):
-        assert main(["stats", f"--data_dir={DATA_DIR}", "--json"]) == 0
+        assert main(["stats", f"--data_dir={data_dir}", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert set(got) == {"dev", "test"}  # subset files are not taken for splits
     assert (got["dev"]["plausible_stories"], got["dev"]["implausible_stories"]) == (152, 322)
@@ -46,9 +38,8 @@ def test_shared_data_matches_table_1(capsys):
     assert got["test"]["physical_state_annotations"] == 21310
 
 
-@needs_data
-def test_table_output_and_missing_split_note(capsys, monkeypatch):
-    monkeypatch.setenv(readers.DATA_DIR_ENV, DATA_DIR)
+def test_table_output_and_missing_split_note(capsys, monkeypatch, data_dir):
+    monkeypatch.setenv(readers.DATA_DIR_ENV, data_dir)
     with pytest.warns(readers.TripDataWarning):
         assert main(["stats"]) == 0
     out = capsys.readouterr().out

@@ -7,7 +7,6 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-import trip_files as fx  # noqa: E402
 from trip_jax.data import readers, tfds_trip  # noqa: E402
 
 
@@ -22,7 +21,7 @@ def assert_same_pairs(got, expected):
             assert story.states.dtype == np.int32 and np.array_equal(story.states, ref.states)
 
 
-def test_build_and_read_through_data_source(tmp_path):
+def test_build_and_read_through_data_source(fx, tmp_path):
     manual = tmp_path / "manual"
     manual.mkdir()
     dev = readers.read_pairs(fx.write_jsonl(manual / "dev.cgli.jsonl", fx.cgli_records()))
@@ -43,7 +42,7 @@ def test_build_and_read_through_data_source(tmp_path):
         tfds_trip.load_split("train", out)
 
 
-def test_build_from_release_and_missing_data(tmp_path):
+def test_build_from_release_and_missing_data(fx, tmp_path):
     manual = tmp_path / "manual"
     manual.mkdir()
     with pytest.raises(readers.TripDataError, match="no TRIP split files"):

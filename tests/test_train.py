@@ -1,14 +1,12 @@
 """The whole training loop on configs/tiny.py: train, checkpoint, resume, evaluate, NaN stop.
 
-Runs on the shared TRIP data (``$TRIP_DATA_DIR``, else ``../shared/data/trip``). The runs share a
-persistent compilation cache, so only the first one pays for compiling the step functions.
+Runs on the shared TRIP data (conftest's ``data_dir``). The runs share a persistent compilation
+cache, so only the first one pays for compiling the step functions.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import shutil
 import subprocess
 import sys
@@ -18,32 +16,10 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from trip_jax import builders, checkpoints, evaluate, runtime, sharding, train
+from trip_jax import builders, checkpoints, evaluate, input_pipeline, runtime, sharding, train
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
 KILL_AFTER_STEP = 2  # mid-epoch: the tiny config has 4 steps per epoch
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Lets every run after the first load its compiled step functions from disk."""
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes")
-    saved = {key: getattr(jax.config, key) for key in keys}
-    runtime.enable_compilation_cache(str(tmp_path_factory.mktemp("jax_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # tiny programs too
-    yield
-    for key, value in saved.items():
-        jax.config.update(key, value)
-
-
-def tiny_config():
-    """configs/tiny.py on the shared data, with synchronous checkpoints (exact kill points)."""
-    config = tiny.get_config()
-    config.data.data_dir = DATA_DIR
-    config.train.async_checkpoints = False
-    return config
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def params_of(workdir, which="latest"):
@@ -63,14 +39,14 @@ class Killed(Exception):
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
+def full_run(tmp_path_factory, tiny_config):
     """An uninterrupted tiny run: (workdir, test metrics)."""
     workdir = tmp_path_factory.mktemp("full")
     return workdir, train.train_and_evaluate(tiny_config(), str(workdir))
 
 
 @pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory):
+def resumed_run(tmp_path_factory, tiny_config):
     """The same run killed after the checkpoint of step 2, then started again."""
     workdir = tmp_path_factory.mktemp("resumed")
     save_latest = checkpoints.RunCheckpoints.save_latest
@@ -154,7 +130,7 @@ def test_restore_for_eval_needs_only_the_workdir(full_run):
     assert_trees_equal(jax.device_get(by_step.params), jax.device_get(restored.params))
 
 
-def test_checkpoint_errors_are_clear(full_run, tmp_path):
+def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
     workdir, _ = full_run
     with pytest.raises(checkpoints.CheckpointError, match="no checkpoint"):
         checkpoints.restore_for_eval(str(tmp_path / "empty"))
@@ -178,7 +154,8 @@ def test_checkpoint_errors_are_clear(full_run, tmp_path):
         checkpoints.restore_for_eval(str(broken))
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tmp_path):
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, full_run,
+                                                                   tmp_path):
     workdir = tmp_path / "diverging"
     shutil.copytree(full_run[0], workdir)
     good = params_of(workdir)
@@ -201,10 +178,10 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tmp_
     assert_trees_equal(params_of(workdir), good)
 
 
-def test_misspelt_config_override_is_an_error(tmp_path):
+def test_misspelt_config_override_is_an_error(tmp_path, repo):
     command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py",
                f"--workdir={tmp_path}", "--config.train.learnin_rate=0.1"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "learnin_rate" in result.stderr and "learning_rate" in result.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
@@ -218,7 +195,7 @@ def test_loss_preset_argument_and_overrides():
         tiny.get_config("no_such_preset")
 
 
-def test_short_row_group_scores_a_checkpoint_like_one_group(full_run):
+def test_short_row_group_scores_a_checkpoint_like_one_group(tiny_config, full_run):
     workdir, _ = full_run
     config = tiny_config()
     one = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
@@ -229,13 +206,14 @@ def test_short_row_group_scores_a_checkpoint_like_one_group(full_run):
     np.testing.assert_allclose(two["loss/total"], one["loss/total"], rtol=1e-5)
 
 
-def test_speed_options_train(tmp_path):
+def test_speed_options_train(tiny_config, tmp_path):
     config = tiny_config()
     config.train.num_epochs = 1
     config.data.short_seq_len = 12
     config.train.prng_impl = "rbg"
-    batch = next(train.batch_stream(train.prepare_data(config).train, config, 2, shuffle=True,
-                                    epoch=0))
+    data = input_pipeline.prepare_data(config)
+    batch = next(input_pipeline.batch_stream(data.train, data.layout, 2, shuffle=True,
+                                             seed=config.train.seed, epoch=0))
     assert batch["short_input_ids"].shape[1] == 12 and batch["input_ids"].shape[1] == 32
     runtime.set_prng_impl("rbg")
     try:
@@ -248,7 +226,7 @@ def test_speed_options_train(tmp_path):
     assert 1 >= result["accuracy"] >= result["consistency"] >= result["verifiability"] >= 0
 
 
-def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates():
+def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates(tiny_config):
     config = tiny_config()
     config.train.learning_rate, config.train.head_learning_rate = 1e-3, 1e-2
     config.train.grad_clip_norm = 0.0
@@ -265,7 +243,7 @@ def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates():
     np.testing.assert_allclose(updates["detector"]["w"], -1e-3, rtol=1e-4)
 
 
-def test_frozen_encoder_gets_no_update():
+def test_frozen_encoder_gets_no_update(tiny_config):
     config = tiny_config()
     config.train.freeze_encoder = True
     tx, _ = train.make_optimizer(config.train, total_steps=10)
@@ -278,7 +256,7 @@ def test_frozen_encoder_gets_no_update():
 
 def fresh_params(config):
     """A new run's initial parameters for ``config`` (as ``train_and_evaluate`` builds them)."""
-    data = train.prepare_data(config)
+    data = input_pipeline.prepare_data(config)
     hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
     tx, _ = train.make_optimizer(config.train, total_steps=10)
@@ -287,7 +265,7 @@ def fresh_params(config):
     return jax.device_get(state.params), state.params
 
 
-def test_init_from_takes_an_earlier_runs_parameters_except_skipped(full_run):
+def test_init_from_takes_an_earlier_runs_parameters_except_skipped(tiny_config, full_run):
     source_dir, _ = full_run
     source = params_of(source_dir, "best_accuracy")
     config = tiny_config()
@@ -312,7 +290,7 @@ def test_init_from_takes_an_earlier_runs_parameters_except_skipped(full_run):
         train.init_params_from(config, placed)
 
 
-def test_run_from_an_earlier_run_with_a_frozen_encoder(full_run, tmp_path):
+def test_run_from_an_earlier_run_with_a_frozen_encoder(tiny_config, full_run, tmp_path):
     source_dir, _ = full_run
     config = tiny_config()
     config.train.num_epochs = 1

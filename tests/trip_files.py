@@ -1,21 +1,15 @@
-"""Small TRIP files in the three formats, written by tests into temporary directories."""
+"""Small TRIP files in the three formats, written by tests into temporary directories (the
+``fx`` fixture of conftest.py)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 
 from trip_jax import schema
 
-SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "trip")
 SENTENCES = ["John took the ball.", "John threw the ball.", "John caught the ball."]
 ENTITIES = ["John", "ball"]
-
-
-def shared_data_dir() -> str:
-    """The shared TRIP copies: $TRIP_DATA_DIR, else ../shared/data/trip next to the repo."""
-    return os.environ.get("TRIP_DATA_DIR") or os.path.normpath(SHARED_DATA)
 
 
 def dense_states(num_entities: int = 2, num_sentences: int = 3, label: int = 2) -> list:

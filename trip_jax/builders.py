@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import transformers
 
+from trip_jax import batch_contract
 from trip_jax.data.tokenizers import load_tokenizer, tokenizer_info
 from trip_jax.models.tiered import TieredConfig, TieredModel, build_tiered_model
 from trip_jax.models.weights import load_pretrained
-from trip_jax.schema import NUM_ATTRIBUTES
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -73,22 +73,16 @@ def build_model(config, hf_config) -> TieredModel:
 
 
 def example_batch(max_sentences: int, *, seq_len: int = 8) -> dict[str, np.ndarray]:
-    """A one-pair, one-entity dense Batch (zeros) for initialising parameters and shapes."""
-    B, E, S, A = 1, 1, max_sentences, NUM_ATTRIBUTES
+    """A one-pair, one-entity dense batch (``trip_jax.batch_contract``; token ids and labels
+    zero, every cell real) for initialising parameters and shapes."""
+    B, E, S = 1, 1, max_sentences
     R = B * 2 * E * S
-    return {
-        "input_ids": np.zeros((R, seq_len), np.int32),
-        "attention_mask": np.ones((R, seq_len), np.int32),
-        "token_type_ids": np.zeros((R, seq_len), np.int32),
-        "row_index": np.arange(R, dtype=np.int32),
-        "row_mask": np.ones((B, 2, E, S), bool),
-        "pre_label": np.zeros((B, 2, E, S, A), np.int32),
-        "eff_label": np.zeros((B, 2, E, S, A), np.int32),
-        "conflict_label": np.zeros((B, 2, E, S), np.int32),
-        "story_label": np.zeros((B,), np.int32),
-        "pair_mask": np.ones((B,), bool),
-        "pair_index": np.zeros((B,), np.int32),
-    }
+    batch = batch_contract.zeros({"B": B, "E": E, "S": S, "R": R, "T": seq_len})
+    batch["attention_mask"][:] = 1
+    batch["row_index"][:] = np.arange(R)
+    batch["row_mask"][:] = True
+    batch["pair_mask"][:] = True
+    return batch
 
 
 def init_params(model: TieredModel, rng: jax.Array, max_sentences: int):

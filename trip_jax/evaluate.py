@@ -1,16 +1,26 @@
-"""Scoring a saved checkpoint on one split, and the random baseline, with their reports.
+"""The evaluator: scoring parameters on story pairs, and the reports of a checkpoint.
+
+``Evaluator(eval_step, pairs, encoded, layout, batch_size, mesh).run(params)`` runs the jitted
+eval step (``make_eval_step``: predictions, labels and losses) over the pairs' batches, gathers
+every pair's outputs in dataset order (``predict``: the one eval loop, used by ``--mode=predict``
+too) and scores them with ``metrics.tiered_metrics``. Training's selection and final test
+scoring, ``--mode=evaluate``, ``--mode=predict`` and the benchmarks all use it.
 
 ``evaluate_checkpoint(config, workdir, which, split)`` (``--mode=evaluate``) rebuilds the model
 from the workdir alone (``checkpoints.restore_for_eval``: the saved config, encoder config and
-tokenizer), reads ``split`` of the protocol that ``config.data`` describes, scores it with the
-training run's eval step (``train.evaluate``) and writes under ``WORKDIR/eval/``:
+tokenizer), reads ``split`` of the protocol that ``config.data`` describes, scores it and writes
+under ``WORKDIR/eval/``, with ``CHECKPOINT`` the checkpoint's kind and step (e.g.
+``test.best_verifiability-1016.json``, so evaluations of two checkpoints never overwrite each
+other):
 
-- ``SPLIT.json``: checkpoint kind and step, protocol, data files' sha256, and every metric;
-- ``SPLIT.predictions.jsonl``: one line per pair: its outcome (``metrics.outcome_record``:
-  correct / consistent / verifiable, predicted and gold conflict sets) and its explanation
-  (``explain.explain_pair``: predicted story, conflicting pair, the states behind it, in words);
-- ``SPLIT.md``: the layout of Tables 2-4, with the random baseline on the same pairs as a row;
-- ``SPLIT.failure_modes.png`` and ``SPLIT.attributes.png``.
+- ``SPLIT.CHECKPOINT.json``: checkpoint kind and step, protocol, data files' sha256, every metric;
+- ``SPLIT.CHECKPOINT.predictions.jsonl``: one line per pair: its outcome
+  (``metrics.outcome_record``: correct / consistent / verifiable, predicted and gold conflict
+  sets) and its explanation (``explain.explain_pair``: predicted story, conflicting pair, the
+  states behind it, in words);
+- ``SPLIT.CHECKPOINT.md``: the layout of Tables 2-4, with the random baseline on the same pairs
+  as a row;
+- ``SPLIT.CHECKPOINT.failure_modes.png`` and ``SPLIT.CHECKPOINT.attributes.png``.
 
 ``config`` supplies the data (directory, protocol, pair limit) and the batching; its model must be
 the checkpoint's (else ``checkpoints.CheckpointError``). Training's final test reports are written
@@ -23,108 +33,245 @@ of the random baseline (``trip_jax.random_baseline``; every metric averaged over
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import builders, checkpoints, losses, metrics, protocol, reports, sharding, train
-from trip_jax import random_baseline as baseline
-from trip_jax.data import features
+from trip_jax import (batch_contract, checkpoints, explain, input_pipeline, losses, metrics,
+                      random_baseline, reports, sharding)
+from trip_jax.data.features import EncodedPair
 from trip_jax.data.types import StoryPair
+from trip_jax.input_pipeline import Layout
 
 EVAL_DIR = "eval"
-BASELINE_SEEDS = 10
 
 
-class EvaluationError(ValueError):
-    """The requested evaluation cannot run (e.g. a split the protocol does not have)."""
+def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings) -> Callable:
+    """Returns ``eval_step(params, batch)``: the contract's predictions (``PREDICTION_KEYS``),
+    the batch's per-pair arrays (``PAIR_KEYS``) and the loss terms under "loss", replicated on
+    every device (so every process can score the whole batch)."""
 
+    def step(params, batch):
+        outputs = model.apply({"params": params}, batch, deterministic=True)
+        _, parts = losses.tiered_loss(outputs, batch, loss_config)
+        out = {k: outputs[k] for k in batch_contract.PREDICTION_KEYS}
+        out.update({k: batch[k] for k in batch_contract.PAIR_KEYS})
+        out["loss"] = parts
+        return out
+
+    return jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
+                   out_shardings=sharding.replicated(mesh))
+
+
+def checkpoint_eval_step(restored: checkpoints.EvalModel) -> Callable:
+    """The jitted eval step of a restored model on its mesh, with its run's loss settings."""
+    return make_eval_step(restored.model, losses.LossConfig.from_mapping(restored.config.loss),
+                          restored.mesh, restored.param_shardings)
+
+
+def eval_batch_size(batch_size: int, mesh) -> int:
+    """``batch_size`` rounded up to a multiple of the mesh's batch shards (padding pairs are
+    masked out), so that any device count can evaluate."""
+    shards = sharding.num_batch_shards(mesh)
+    return -(-batch_size // shards) * shards
+
+
+def scalar_metrics(scores: Mapping[str, Any]) -> dict[str, float]:
+    """The scalar entries of an evaluation (for logs and checkpoint metadata)."""
+    keys = [k for k in scores if k in metrics.SCALAR_METRICS or k.startswith("loss/")]
+    return {k: float(scores[k]) for k in keys}
+
+
+def _pad_entities(value: np.ndarray, entities: int) -> np.ndarray:
+    """Pads axis 2 (E) of a [B, 2, E, S, ...] array with zeros (padding rows)."""
+    extra = entities - value.shape[2]
+    if extra == 0:
+        return value
+    widths = [(0, 0)] * value.ndim
+    widths[2] = (0, extra)
+    return np.pad(value, widths)
+
+
+@dataclasses.dataclass
+class Predictions:
+    """The eval step's outputs for every pair, pair axis first, in dataset order.
+
+    ``arrays`` holds the contract's ``PREDICTION_KEYS`` and ``PAIR_KEYS``, with E padded to the
+    largest batch's; ``losses`` the mean of every loss term over the real pairs.
+    """
+
+    arrays: dict[str, np.ndarray]
+    losses: dict[str, float]
+
+    def for_pair(self, n: int, pair: StoryPair | EncodedPair) -> dict[str, Any]:
+        """Pair ``n``'s predictions cut to its stories: a [2, E, S, ...] output becomes a tuple
+        of each story's [E_k, S_k, ...] array, a per-pair output its value."""
+        values = {}
+        for key in batch_contract.PREDICTION_KEYS:
+            value = self.arrays[key][n]
+            if value.ndim >= 3:
+                value = tuple(value[k, :story.num_entities, :story.num_sentences]
+                              for k, story in enumerate(pair.stories))
+            values[key] = value
+        return values
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """Scores of one evaluation and its per-pair records in dataset order."""
+
+    scores: dict[str, Any]
+    records: list[dict[str, Any]]
+
+    @property
+    def scalars(self) -> dict[str, float]:
+        """The scalar scores (``scalar_metrics``)."""
+        return scalar_metrics(self.scores)
+
+
+class Evaluator:
+    """Scores parameters on fixed story pairs with one jitted eval step.
+
+    Args:
+      eval_step: ``make_eval_step(...)`` (or ``checkpoint_eval_step``).
+      pairs: the typed pairs (ids, and the sentences and entities of explanations).
+      encoded: ``pairs`` encoded (``input_pipeline.encode``), in the same order.
+      layout: the batch layout (``input_pipeline.Layout``).
+      batch_size: global eval batch size in pairs (rounded up to the mesh, ``eval_batch_size``).
+      mesh: the mesh the eval step was compiled for.
+      explain: add ``explain.explain_pair``'s explanation to every record.
+      progress: show a progress bar with ETA over the batches (process 0 only).
+    """
+
+    def __init__(self, eval_step: Callable, pairs: Sequence[StoryPair],
+                 encoded: Sequence[EncodedPair], layout: Layout, batch_size: int, mesh, *,
+                 explain: bool = False, progress: bool = False, desc: str = "eval"):
+        if len(pairs) != len(encoded):
+            raise ValueError(f"{len(pairs)} pairs but {len(encoded)} encoded pairs")
+        self.eval_step = eval_step
+        self.pairs = list(pairs)
+        self.encoded = list(encoded)
+        self.layout = layout
+        self.batch_size = eval_batch_size(batch_size, mesh)
+        self.mesh = mesh
+        self.explain = explain
+        self.progress = progress
+        self.desc = desc
+
+    @classmethod
+    def for_checkpoint(cls, restored: checkpoints.EvalModel, pairs: Sequence[StoryPair],
+                       config: ml_collections.ConfigDict, **kwargs) -> "Evaluator":
+        """An evaluator of a restored model on ``pairs``, encoded with its tokenizer and batched
+        as ``config`` says."""
+        layout = Layout.from_config(config.data)
+        return cls(checkpoint_eval_step(restored), pairs,
+                   input_pipeline.encode(pairs, restored.tokenizer, layout), layout,
+                   config.train.eval_batch_size, restored.mesh, **kwargs)
+
+    def _batches(self) -> Iterator[dict[str, np.ndarray]]:
+        stream = input_pipeline.batch_stream(self.encoded, self.layout, self.batch_size)
+        return tqdm.tqdm(stream, total=input_pipeline.num_batches(len(self.encoded),
+                                                                  self.batch_size),
+                         unit="batch", desc=self.desc, dynamic_ncols=True,
+                         disable=not self.progress or jax.process_index() != 0)
+
+    def predict(self, params) -> Predictions:
+        """Runs the eval step over every batch; returns every pair's outputs in dataset order."""
+        outputs, loss_sums, real_pairs = [], {}, 0
+        for local in self._batches():
+            out = jax.device_get(self.eval_step(params, sharding.global_batch(local, self.mesh)))
+            n = int(out["pair_mask"].sum())
+            real_pairs += n
+            for key, value in out.pop("loss").items():
+                loss_sums[key] = loss_sums.get(key, 0.0) + float(value) * n
+            outputs.append(out)
+        entities = max(o["row_mask"].shape[2] for o in outputs)
+        merged = {}
+        for key in outputs[0]:
+            parts = [o[key][o["pair_mask"]] for o in outputs]
+            if parts[0].ndim >= 4:
+                parts = [_pad_entities(p, entities) for p in parts]
+            merged[key] = np.concatenate(parts)
+        order = np.argsort(merged["pair_index"])
+        merged = {k: v[order] for k, v in merged.items()}
+        return Predictions(merged, {k: v / max(real_pairs, 1) for k, v in loss_sums.items()})
+
+    def run(self, params) -> Evaluation:
+        """Scores ``params``: tiered metrics plus mean losses ("loss/NAME"), and per-pair
+        records (pair id, label, predicted story, ``metrics.outcome_record``, and with
+        ``explain`` the explanation)."""
+        predictions = self.predict(params)
+        merged = predictions.arrays
+        arrays = metrics.TieredArrays.from_mapping(merged)
+        scores = metrics.tiered_metrics(arrays)
+        scores.update({f"loss/{k}": v for k, v in predictions.losses.items()})
+        outcomes = metrics.pair_outcomes(arrays)
+        records = []
+        for n, i in enumerate(merged["pair_index"]):
+            pair = self.pairs[int(i)]
+            story_pred = int(merged["story_pred"][n])
+            record = {"pair_id": pair.pair_id, "label": int(merged["story_label"][n]),
+                      "predicted_story": story_pred, **metrics.outcome_record(outcomes, n)}
+            if self.explain:
+                record["explanation"] = explain.explain_pair(
+                    story_pred, merged["conflict_prob"][n], merged["pre_pred"][n],
+                    merged["eff_pred"][n], [s.entities for s in pair.stories],
+                    [s.sentences for s in pair.stories])
+            records.append(record)
+        return Evaluation(scores, records)
+
+
+# ------------------------------------------------------------------------------------------
+# Reports.
 
 def model_name(config: ml_collections.ConfigDict) -> str:
     """The model's row name in reports: the encoder, or "random bert" for a random encoder."""
     return config.model.encoder or f"random {config.model.random_encoder.model_type}"
 
 
-def baseline_name(seeds: int = BASELINE_SEEDS) -> str:
+def baseline_name(seeds: int = random_baseline.SEEDS) -> str:
     """The random baseline's row name in reports."""
     return f"random baseline ({seeds} seeds)"
 
 
-def split_names(splits: protocol.ProtocolSplits) -> dict[str, list[StoryPair]]:
-    """The splits of a protocol by name: "train", the selection split's name, "test"."""
-    return {"train": splits.train, splits.selection_name: splits.selection, "test": splits.test}
-
-
-def split_pairs(splits: protocol.ProtocolSplits, split: str) -> list[StoryPair]:
-    """The pairs of ``split``; EvaluationError (listing the valid names) for an unknown one."""
-    named = split_names(splits)
-    if split not in named:
-        raise EvaluationError(f"protocol {splits.protocol} has no split {split!r}; choose one of "
-                              f"{', '.join(sorted(named))}")
-    if not named[split]:
-        raise EvaluationError(f"split {split!r} of protocol {splits.protocol} has no pairs")
-    return named[split]
-
-
-def eval_config(config: ml_collections.ConfigDict, mesh) -> ml_collections.ConfigDict:
-    """A copy of ``config`` whose eval batch size splits over ``mesh`` (rounded up: padding
-    pairs are masked out), so any device count can evaluate."""
-    shards = sharding.num_batch_shards(mesh)
-    copy = config.copy_and_resolve_references()
-    copy.train.eval_batch_size = -(-config.train.eval_batch_size // shards) * shards
-    return copy
-
-
-def checkpoint_eval_step(restored: checkpoints.EvalModel):
-    """The jitted eval step (predictions, labels, losses) of a restored model on its mesh."""
-    saved = restored.config
-    return train.make_eval_step(restored.model, losses.LossConfig.from_mapping(saved.loss),
-                                restored.mesh, restored.param_shardings)
-
-
-def encode(pairs: Sequence[StoryPair], tokenizer, config) -> list[features.EncodedPair]:
-    """Tokenizes ``pairs`` with a run's tokenizer, as ``config.data`` says."""
-    return features.encode_pairs(pairs, tokenizer, max_sentences=config.data.max_sentences,
-                                 max_length=config.data.max_length or None)
-
-
-def data_files(splits: protocol.ProtocolSplits) -> dict[str, str]:
-    """{path: sha256} of the data files the protocol read."""
-    return reports.data_file_hashes(sorted(set(splits.files.values())))
-
-
-def report_metadata(restored: checkpoints.EvalModel, splits: protocol.ProtocolSplits
-                    ) -> dict[str, Any]:
+def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:
     """What a checkpoint report says about its origin: model, checkpoint, protocol, data."""
     return {"model": model_name(restored.config), "checkpoint": restored.kind,
             "checkpoint_step": restored.step, "epoch": restored.meta.get("epoch"),
             "protocol": splits.protocol, "selection_split": splits.selection_name,
             "selection_metrics": restored.meta.get("metrics", {}),
-            "data_files": data_files(splits)}
+            "data_files": input_pipeline.data_files(splits)}
+
+
+def checkpoint_name(restored: checkpoints.EvalModel) -> str:
+    """A checkpoint's name in report file names: its kind and step, e.g. best_accuracy-1016."""
+    return f"{restored.kind}-{restored.step}"
 
 
 def write_checkpoint_report(out_dir: str | os.PathLike, split: str,
-                            scores: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-                            restored: checkpoints.EvalModel, splits: protocol.ProtocolSplits,
-                            pairs: Sequence[StoryPair]) -> dict[str, pathlib.Path]:
-    """Writes a checkpoint's report of one split (module docstring), with the random baseline
-    of the same ``pairs`` as a comparison row; returns ``reports.write_report``'s paths."""
-    row = baseline.random_baseline(pairs, seeds=BASELINE_SEEDS)
-    return reports.write_report(out_dir, split, scores,
-                                report_metadata(restored, splits), records,
-                                baselines={baseline_name(): row})
+                            evaluation: Evaluation, restored: checkpoints.EvalModel, splits,
+                            pairs: Sequence[StoryPair], *, stem: str | None = None
+                            ) -> dict[str, Any]:
+    """Writes a checkpoint's report of one split (module docstring) as ``out_dir/STEM.*``
+    (default stem: ``split``), with the random baseline of the same ``pairs`` as a comparison
+    row; returns ``reports.write_report``'s paths."""
+    row = random_baseline.random_baseline(pairs, seeds=random_baseline.SEEDS)
+    return reports.write_report(epath.Path(out_dir), split, evaluation.scores,
+                                report_metadata(restored, splits), evaluation.records,
+                                baselines={baseline_name(): row}, stem=stem)
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
                         which: str | int = checkpoints.BEST_VERIFIABILITY,
-                        split: str = "test") -> dict[str, Any]:
+                        split: str = "test", *, progress: bool = False) -> dict[str, Any]:
     """Scores checkpoint ``which`` of ``workdir`` on ``split`` and writes ``WORKDIR/eval/``.
 
     Args:
@@ -132,85 +279,54 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
       workdir: the training run's directory.
       which: "best_verifiability", "best_accuracy", "latest" or a step number.
       split: "test", the protocol's selection split ("dev" / "dev_holdout") or "train".
+      progress: show a progress bar over the eval batches.
 
     Returns:
       {"metrics": tiered metrics + mean losses, "step", "checkpoint", "paths": written files}.
 
     Raises:
       checkpoints.CheckpointError: no such checkpoint, unreadable, or another model's.
-      EvaluationError: the protocol has no such split.
+      input_pipeline.UnknownSplitError: the protocol has no such split.
     """
-    splits = protocol.load_protocol_splits(config.data)
-    pairs = split_pairs(splits, split)
+    splits = input_pipeline.load_splits(config.data)
+    pairs = input_pipeline.split_pairs(splits, split)
     restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
     if restored.meta.get("protocol") not in (None, splits.protocol):
         logging.warning("the checkpoint was selected under protocol %s; scoring under %s",
                         restored.meta["protocol"], splits.protocol)
-    cfg = eval_config(config, restored.mesh)
-    scores, records = train.evaluate(
-        checkpoint_eval_step(restored), restored.params,
-        encode(pairs, restored.tokenizer, cfg), cfg, restored.mesh,
-        [p.pair_id for p in pairs], pairs=pairs)
+    evaluator = Evaluator.for_checkpoint(restored, pairs, config, explain=True,
+                                         progress=progress, desc=split)
+    evaluation = evaluator.run(restored.params)
+    scores = evaluation.scores
     logging.info("%s (%s, step %d, protocol %s): accuracy %.3f consistency %.3f "
                  "verifiability %.3f", split, restored.kind, restored.step, splits.protocol,
                  scores["accuracy"], scores["consistency"], scores["verifiability"])
     paths = {}
     if jax.process_index() == 0:
-        paths = write_checkpoint_report(epath.Path(workdir) / EVAL_DIR, split, scores, records,
-                                        restored, splits, pairs)
+        paths = write_checkpoint_report(epath.Path(workdir) / EVAL_DIR, split, evaluation,
+                                        restored, splits, pairs,
+                                        stem=f"{split}.{checkpoint_name(restored)}")
     return {"metrics": scores, "step": restored.step, "checkpoint": restored.kind,
             "paths": paths}
 
 
-def _mean(values: list[Any]) -> Any:
-    """Mean of parallel metric trees: dicts by key, lists by position, numbers averaged
-    (NaN values skipped), values equal in every tree (flags, names, sizes) kept as they are."""
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {key: _mean([v[key] for v in values]) for key in first}
-    if isinstance(first, list):
-        return [_mean(list(items)) for items in zip(*values)]
-    if all(v == first for v in values):
-        return first
-    finite = [float(v) for v in values if np.isfinite(v)]
-    return float(np.mean(finite)) if finite else float("nan")
-
-
-def random_baseline_metrics(pairs: Sequence[StoryPair], seeds: int = BASELINE_SEEDS,
-                            scheme: str = "tiered") -> dict[str, Any]:
-    """Every ``tiered_metrics`` entry of the random baseline, averaged over seeds 0..seeds-1.
-
-    Same draws as ``random_baseline.random_baseline`` (so the same scalar means); failure-mode
-    counts and per-attribute values are averaged too, for the report's tables and plots.
-    """
-    labels = baseline.label_arrays(pairs)
-    per_seed = []
-    for seed in range(seeds):
-        preds = baseline.random_predictions(labels, np.random.default_rng(seed), scheme)
-        per_seed.append(metrics.tiered_metrics(
-            labels["story_label"], preds["story_pred"], labels["conflict_label"],
-            preds["conflict_prob"], labels["pre_label"], preds["pre_pred"], labels["eff_label"],
-            preds["eff_pred"], labels["mask"]))
-    return _mean(per_seed)
-
-
-def random_baseline_report(config: ml_collections.ConfigDict, workdir: str,
-                           split: str = "test", seeds: int = BASELINE_SEEDS
+def random_baseline_report(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+                           split: str = "test", seeds: int = random_baseline.SEEDS
                            ) -> dict[str, Any]:
     """Writes the random baseline's report of ``split`` as ``WORKDIR/eval/random_baseline.SPLIT.*``.
 
-    Returns {"metrics": the averaged metrics, "paths": written files}.
+    Returns {"metrics": ``random_baseline.random_baseline``'s result, "paths": written files}.
     """
-    splits = protocol.load_protocol_splits(config.data)
-    pairs = split_pairs(splits, split)
-    scores = random_baseline_metrics(pairs, seeds)
+    splits = input_pipeline.load_splits(config.data)
+    pairs = input_pipeline.split_pairs(splits, split)
+    scores = random_baseline.random_baseline(pairs, seeds)
     logging.info("random baseline on %s (%d pairs, %d seeds): accuracy %.3f consistency %.3f "
                  "verifiability %.3f", split, len(pairs), seeds, scores["accuracy"],
                  scores["consistency"], scores["verifiability"])
     paths = {}
     if jax.process_index() == 0:
-        metadata = {"model": baseline_name(seeds), "seeds": seeds, "scheme": "tiered",
-                    "protocol": splits.protocol, "data_files": data_files(splits)}
-        paths = reports.write_report(pathlib.Path(workdir) / EVAL_DIR,
-                                     f"random_baseline.{split}", scores, metadata)
+        metadata = {"model": baseline_name(seeds), "seeds": seeds, "scheme": scores["scheme"],
+                    "protocol": splits.protocol, "data_files": input_pipeline.data_files(splits)}
+        paths = reports.write_report(epath.Path(workdir) / EVAL_DIR, f"random_baseline.{split}",
+                                     scores, metadata)
     return {"metrics": scores, "paths": paths}

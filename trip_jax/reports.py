@@ -189,7 +189,7 @@ def write_report(out_dir: str | pathlib.Path, split: str, metrics: Mapping[str, 
                  metadata: Mapping[str, Any] | None = None,
                  records: Iterable[Mapping[str, Any]] | None = None,
                  baselines: Mapping[str, Mapping[str, Any]] | None = None,
-                 ) -> dict[str, pathlib.Path]:
+                 stem: str | None = None) -> dict[str, pathlib.Path]:
     """Writes the JSON, Markdown, plots and (if ``records``) predictions of one split.
 
     Args:
@@ -200,15 +200,17 @@ def write_report(out_dir: str | pathlib.Path, split: str, metrics: Mapping[str, 
         ``checkpoint_step``, ``protocol``, ``data_files`` (see ``data_file_hashes``).
       records: per-pair JSON-ready dicts for ``SPLIT.predictions.jsonl``.
       baselines: extra table rows ({name: metrics-like dict}), e.g. the random baseline.
+      stem: the files' name stem (default ``split``), e.g. ``test.best_accuracy-1016``.
 
     Returns {"json", "markdown", "failure_modes_plot", "attributes_plot"[, "predictions"]: path}.
     """
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metadata = dict(metadata or {})
-    paths = {"json": out / f"{split}.json", "markdown": out / f"{split}.md",
-             "failure_modes_plot": out / f"{split}.failure_modes.png",
-             "attributes_plot": out / f"{split}.attributes.png"}
+    stem = stem or split
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md",
+             "failure_modes_plot": out / f"{stem}.failure_modes.png",
+             "attributes_plot": out / f"{stem}.attributes.png"}
     document = {"split": split, **metadata, "metrics": metrics}
     if baselines:
         document["baselines"] = baselines
@@ -218,5 +220,5 @@ def write_report(out_dir: str | pathlib.Path, split: str, metrics: Mapping[str, 
     plot_attribute_f1(metrics, paths["attributes_plot"],
                       f"Correct states by attribute ({split}; numbers: count)")
     if records is not None:
-        paths["predictions"] = write_predictions(out / f"{split}.predictions.jsonl", records)
+        paths["predictions"] = write_predictions(out / f"{stem}.predictions.jsonl", records)
     return paths

@@ -107,13 +107,3 @@ def default_values_array() -> np.ndarray:
     """Returns the no-evidence default of every attribute as an int array [20]."""
     return np.asarray(DEFAULT_VALUES, dtype=np.int32)
 
-
-# Batch contract: the per-encoder-row arrays, and the key prefixes of the row groups a batch may
-# hold: "" the main group, "short_" the optional group of short rows (data.short_seq_len).
-ROW_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "row_index")
-ROW_GROUPS: tuple[str, ...] = ("", "short_")
-
-
-def row_groups(batch) -> list[str]:
-    """Key prefixes of the encoder row groups present in ``batch`` (main group first)."""
-    return [prefix for prefix in ROW_GROUPS if prefix + "input_ids" in batch]

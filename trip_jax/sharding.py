@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from trip_jax.schema import row_groups
+from trip_jax.batch_contract import row_groups
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp")
 # The batch's leading dimension is split over every device.

@@ -1,24 +1,25 @@
-"""Training: train state, the jitted train and eval steps, the loop, and the final test report.
+"""Training: train state, optimizer, the jitted train step, the loop, and the final test report.
 
 ``train_and_evaluate(config, workdir)`` trains on the protocol's train pairs, evaluates on its
-selection pairs after every epoch (and every ``eval_every_steps``), keeps the latest and the best
-checkpoints, then scores the best-verifiability and best-accuracy checkpoints on test and writes
-the reports. Re-running the same command resumes from the latest checkpoint and reaches the same
-parameters as an uninterrupted run: the data order depends only on (seed, epoch) and the dropout
-key only on (seed, step).
+selection pairs after every epoch (and every ``eval_every_steps``) with ``evaluate.Evaluator``,
+keeps the latest and the best checkpoints, then scores the best-verifiability and best-accuracy
+checkpoints on test and writes the reports (``evaluate.write_checkpoint_report``). Data comes from
+``trip_jax.input_pipeline``; ``build_trainer`` assembles the model's optimizer, state shardings and
+jitted steps (the benchmarks use it too). Re-running the same command resumes from the latest
+checkpoint and reaches the same parameters as an uninterrupted run: the data order depends only on
+(seed, epoch) and the dropout key only on (seed, step).
 
-Outputs in the workdir: ``metrics.jsonl`` (one JSON object per log/eval event), ``tensorboard/``
-(event files), ``checkpoints/`` (``trip_jax.checkpoints``), ``reports/`` (``trip_jax.reports``).
+Outputs in the workdir: ``metrics.jsonl`` and ``tensorboard/`` (``trip_jax.metric_log``),
+``checkpoints/`` (``trip_jax.checkpoints``), ``reports/`` (``trip_jax.evaluate``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -31,19 +32,11 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import builders, checkpoints, explain, losses, metrics, protocol, reports, sharding
-from trip_jax.data import batching, features
-from trip_jax.data.features import Buckets, EncodedPair
-from trip_jax.data.types import StoryPair
+from trip_jax import builders, checkpoints, evaluate, input_pipeline, losses, sharding
+from trip_jax.input_pipeline import RunData
+from trip_jax.metric_log import MetricLog
 
 SCHEDULES: tuple[str, ...] = ("constant", "warmup_linear", "warmup_cosine")
-# Model outputs and batch arrays an evaluation needs on the host.
-_PREDICTION_KEYS = ("pre_pred", "eff_pred", "conflict_prob", "story_pred", "story_score")
-_LABEL_KEYS = ("pre_label", "eff_label", "conflict_label", "story_label", "row_mask",
-               "pair_mask", "pair_index")
-# Selection/test metrics that are logged as scalars.
-_SCALAR_METRICS = ("accuracy", "consistency", "verifiability", "precondition_f1", "effect_f1",
-                   "conflict_f1", "conflict_f1_positive")
 
 
 @flax.struct.dataclass
@@ -82,8 +75,8 @@ def learning_rate_schedule(train_config, total_steps: int, lr: float | None = No
 
 def make_optimizer(train_config, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW with global-norm clipping (DESIGN.md §2); returns (optimizer, the encoder's lr
-    schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
+    """AdamW with global-norm clipping (docs/reference.md, "Training"); returns (optimizer, the
+    encoder's lr schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
     (state heads, projections, detector: trained from scratch) their own peak rate;
     ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
     schedule = learning_rate_schedule(train_config, total_steps)
@@ -256,186 +249,51 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
                    donate_argnums=(0,))
 
 
-def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings) -> Callable:
-    """Returns ``eval_step(params, batch)``: predictions, labels and losses, replicated on every
-    device (so every process can score the whole batch)."""
-
-    def step(params, batch):
-        outputs = model.apply({"params": params}, batch, deterministic=True)
-        _, parts = losses.tiered_loss(outputs, batch, loss_config)
-        out = {k: outputs[k] for k in _PREDICTION_KEYS}
-        out.update({k: batch[k] for k in _LABEL_KEYS})
-        out["loss"] = parts
-        return out
-
-    return jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
-                   out_shardings=sharding.replicated(mesh))
-
-
 # ------------------------------------------------------------------------------------------
-# Data.
+# Assembly.
 
-@dataclasses.dataclass
-class RunData:
-    """The protocol's splits, tokenized."""
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
+    schedule, the train state's shardings, the jitted train and eval steps."""
 
-    splits: protocol.ProtocolSplits
-    tokenizer: Any
-    train: list[EncodedPair]
-    selection: list[EncodedPair]
-    test: list[EncodedPair]
+    config: ml_collections.ConfigDict
+    model: Any
+    mesh: jax.sharding.Mesh
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    state_shardings: Any
+    train_step: Callable
+    eval_step: Callable
 
+    def fresh_state(self, encoder_params=None) -> TrainState:
+        """A new train state (``create_train_state``), in ``state_shardings``."""
+        state, _ = create_train_state(self.config, self.model, self.tx, self.mesh,
+                                      encoder_params)
+        return state
 
-def prepare_data(config) -> RunData:
-    """Reads the protocol's splits, builds the tokenizer and encodes every pair."""
-    splits = protocol.load_protocol_splits(config.data)
-    for name, pairs in (("train", splits.train), ("selection", splits.selection),
-                        ("test", splits.test)):
-        if not pairs:
-            raise ValueError(f"protocol {splits.protocol}: the {name} split is empty")
-    everything = splits.train + splits.selection + splits.test
-    tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(everything))
-
-    def encode(pairs):
-        return features.encode_pairs(pairs, tokenizer, max_sentences=config.data.max_sentences,
-                                     max_length=config.data.max_length or None)
-
-    return RunData(splits, tokenizer, encode(splits.train), encode(splits.selection),
-                   encode(splits.test))
+    def abstract_state(self) -> TrainState:
+        """Shapes of the train state, without allocating it."""
+        return abstract_train_state(self.config, self.model, self.tx, self.mesh)[0]
 
 
-def batch_stream(encoded: Sequence[EncodedPair], config, batch_size: int, *, shuffle: bool,
-                 epoch: int) -> Iterator[dict[str, np.ndarray]]:
-    """This process's batches of one epoch, in the order fixed by (train.seed, epoch)."""
-    return batching.batches(
-        encoded, batch_size, shuffle=shuffle, seed=config.train.seed, epoch=epoch,
-        layout=config.data.layout, process_index=jax.process_index(),
-        process_count=jax.process_count(), buckets=Buckets(**config.data.buckets),
-        seq_len=config.data.seq_len or None, max_sentences=config.data.max_sentences,
-        short_seq_len=config.data.short_seq_len or None)
+def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
+    """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step and
+    eval step (``evaluate.make_eval_step``) on ``mesh``."""
+    tx, schedule = make_optimizer(config.train, total_steps)
+    _, shardings = abstract_train_state(config, model, tx, mesh)
+    loss_config = losses.LossConfig.from_mapping(config.loss)
+    train_step = make_train_step(model, tx, schedule, loss_config, mesh, shardings,
+                                 config.train.seed, freeze_encoder=config.train.freeze_encoder)
+    eval_step = evaluate.make_eval_step(model, loss_config, mesh, shardings.params)
+    return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step)
 
 
-def _check_batch_size(name: str, batch_size: int, mesh) -> None:
+def _check_batch_size(batch_size: int, mesh) -> None:
     shards = sharding.num_batch_shards(mesh)
     if batch_size % shards:
-        raise ValueError(f"train.{name}={batch_size} does not split over the {shards} devices of "
-                         f"the mesh; use a multiple of {shards} (or a smaller mesh)")
-
-
-# ------------------------------------------------------------------------------------------
-# Evaluation.
-
-def _pad_entities(value: np.ndarray, entities: int) -> np.ndarray:
-    """Pads axis 2 (E) of a [B, 2, E, S, ...] array with zeros (padding rows)."""
-    extra = entities - value.shape[2]
-    if extra == 0:
-        return value
-    widths = [(0, 0)] * value.ndim
-    widths[2] = (0, extra)
-    return np.pad(value, widths)
-
-
-def evaluate(eval_step: Callable, params, encoded: Sequence[EncodedPair], config, mesh,
-             pair_ids: Sequence[str], *, pairs: Sequence[StoryPair] | None = None
-             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Scores ``params`` on ``encoded`` pairs; returns (tiered metrics + mean losses, per-pair
-    records in dataset order).
-
-    A record holds the pair id, its label, the predicted story and ``metrics.outcome_record``;
-    given ``pairs`` (the typed pairs ``encoded`` was built from), also the explanation of
-    ``explain.explain_pair`` under "explanation" (conflicting pair and the states behind it).
-    """
-    outputs, loss_sums, real_pairs = [], {}, 0
-    for local in batch_stream(encoded, config, config.train.eval_batch_size, shuffle=False,
-                              epoch=0):
-        out = jax.device_get(eval_step(params, sharding.global_batch(local, mesh)))
-        n = int(out["pair_mask"].sum())
-        real_pairs += n
-        for key, value in out.pop("loss").items():
-            loss_sums[key] = loss_sums.get(key, 0.0) + float(value) * n
-        outputs.append(out)
-    entities = max(o["row_mask"].shape[2] for o in outputs)
-    merged = {}
-    for key in outputs[0]:
-        parts = [o[key][o["pair_mask"]] for o in outputs]
-        if parts[0].ndim >= 4:
-            parts = [_pad_entities(p, entities) for p in parts]
-        merged[key] = np.concatenate(parts)
-    order = np.argsort(merged["pair_index"])
-    merged = {k: v[order] for k, v in merged.items()}
-    args = dict(story_label=merged["story_label"], story_pred=merged["story_pred"],
-                conflict_label=merged["conflict_label"], conflict_prob=merged["conflict_prob"],
-                pre_label=merged["pre_label"], pre_pred=merged["pre_pred"],
-                eff_label=merged["eff_label"], eff_pred=merged["eff_pred"],
-                mask=merged["row_mask"])
-    scores = metrics.tiered_metrics(**args)
-    scores.update({f"loss/{k}": v / max(real_pairs, 1) for k, v in loss_sums.items()})
-    outcomes = metrics.pair_outcomes(**args)
-    records = []
-    for n, i in enumerate(merged["pair_index"]):
-        story_pred = int(merged["story_pred"][n])
-        record = {"pair_id": pair_ids[int(i)], "label": int(merged["story_label"][n]),
-                  "predicted_story": story_pred, **metrics.outcome_record(outcomes, n)}
-        if pairs is not None:
-            stories = pairs[int(i)].stories
-            record["explanation"] = explain.explain_pair(
-                story_pred, merged["conflict_prob"][n], merged["pre_pred"][n],
-                merged["eff_pred"][n], [s.entities for s in stories],
-                [s.sentences for s in stories])
-        records.append(record)
-    return scores, records
-
-
-def scalar_metrics(scores: Mapping[str, Any]) -> dict[str, float]:
-    """The scalar entries of an evaluation (for logs and checkpoint metadata)."""
-    keys = [k for k in scores if k in _SCALAR_METRICS or k.startswith("loss/")]
-    return {k: float(scores[k]) for k in keys}
-
-
-# ------------------------------------------------------------------------------------------
-# Logging.
-
-class MetricLog:
-    """Writes scalars to ``workdir/metrics.jsonl`` and TensorBoard (process 0 only)."""
-
-    def __init__(self, workdir: str):
-        self.enabled = jax.process_index() == 0
-        self.path = epath.Path(workdir) / "metrics.jsonl"
-        self.writer = None
-        if self.enabled:
-            import tensorboardX
-
-            self.writer = tensorboardX.SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
-
-    def write(self, step: int, split: str, scalars: Mapping[str, Any], **extra) -> None:
-        """Logs one event: ``split`` is "train", the selection split's name, or "test"."""
-        if not self.enabled:
-            return
-        record = {"step": step, "split": split, **extra, **reports.to_jsonable(dict(scalars)),
-                  "time": time.time()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
-        for key, value in scalars.items():
-            if value is not None and np.isfinite(value):
-                self.writer.add_scalar(f"{split}/{key}", value, step)
-        self.writer.flush()
-
-    def drop_after(self, step: int) -> None:
-        """Removes the records of steps after ``step``: an interrupted run logged them after its
-        last checkpoint, and the run resumed from ``step`` logs them again."""
-        if not self.enabled or not self.path.exists():
-            return
-        lines = self.path.read_text().splitlines()
-        kept = [line for line in lines if json.loads(line)["step"] <= step]
-        if len(kept) < len(lines):
-            logging.info("metrics.jsonl: dropped %d records after step %d (logged again on "
-                         "resume)", len(lines) - len(kept), step)
-            self.path.write_text("".join(line + "\n" for line in kept))
-
-    def close(self) -> None:
-        """Closes the TensorBoard writer."""
-        if self.writer is not None:
-            self.writer.close()
+        raise ValueError(f"train.batch_size={batch_size} does not split over the {shards} "
+                         f"devices of the mesh; use a multiple of {shards} (or a smaller mesh)")
 
 
 # ------------------------------------------------------------------------------------------
@@ -469,176 +327,222 @@ class _PendingMetrics:
         return {k: float(np.mean([h[k] for h in host])) for k in keys}
 
 
+@dataclasses.dataclass
+class RunSetup:
+    """What one training run works with; fixed for the whole run."""
+
+    config: ml_collections.ConfigDict
+    workdir: epath.Path
+    trainer: Trainer
+    data: RunData
+    hf_config: Any
+    ckpts: checkpoints.RunCheckpoints
+    log: MetricLog
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Train steps (batches) per epoch."""
+        return input_pipeline.num_batches(len(self.data.train), self.config.train.batch_size)
+
+    @property
+    def total_steps(self) -> int:
+        """Train steps of the whole run."""
+        return self.steps_per_epoch * self.config.train.num_epochs
+
+    def meta(self, step: int, scores=None) -> dict:
+        """A checkpoint's metadata (``trip_jax.checkpoints``)."""
+        splits = self.data.splits
+        return {"step": step, "epoch": step / self.steps_per_epoch, "protocol": splits.protocol,
+                "selection_split": splits.selection_name, "metrics": dict(scores or {}),
+                "config": checkpoints.config_to_dict(self.config),
+                "encoder_config": self.hf_config.to_dict()}
+
+    def last_good(self) -> str:
+        """Where the last good checkpoint is (for the divergence message)."""
+        latest = self.ckpts.latest_step()
+        where = self.workdir / "checkpoints" / checkpoints.LATEST
+        return ("no checkpoint had been saved yet" if latest is None else
+                f"the last good checkpoint is step {latest} in {where}, intact")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) in ``workdir``, then scores the best checkpoints on test.
 
     Returns the test metrics of the best-verifiability checkpoint.
     """
-    workdir = str(workdir)
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    workdir = epath.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
     mesh = sharding.create_mesh(config.mesh)
-    _check_batch_size("batch_size", config.train.batch_size, mesh)
-    _check_batch_size("eval_batch_size", config.train.eval_batch_size, mesh)
+    _check_batch_size(config.train.batch_size, mesh)
     logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), mesh.size,
                  jax.process_count())
 
-    data = prepare_data(config)
+    data = input_pipeline.prepare_data(config)
     splits = data.splits
     logging.info("protocol %s: %d train pairs, %d selection pairs (%s), %d test pairs",
                  splits.protocol, len(data.train), len(data.selection), splits.selection_name,
                  len(data.test))
     hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
-    checkpoints.write_run_files(workdir, config, hf_config, data.tokenizer)
-
-    steps_per_epoch = batching.num_batches(len(data.train), config.train.batch_size)
-    total_steps = steps_per_epoch * config.train.num_epochs
-    tx, schedule = make_optimizer(config.train, total_steps)
-    loss_config = losses.LossConfig.from_mapping(config.loss)
-    ckpts = checkpoints.RunCheckpoints(workdir, keep=config.train.keep_checkpoints,
+    checkpoints.write_run_files(str(workdir), config, hf_config, data.tokenizer)
+    total_steps = (input_pipeline.num_batches(len(data.train), config.train.batch_size)
+                   * config.train.num_epochs)
+    trainer = build_trainer(config, model, mesh, total_steps)
+    ckpts = checkpoints.RunCheckpoints(str(workdir), keep=config.train.keep_checkpoints,
                                        async_save=config.train.async_checkpoints)
     log = MetricLog(workdir)
+    setup = RunSetup(config, workdir, trainer, data, hf_config, ckpts, log)
     try:
-        state, state_shardings = _initial_state(config, model, tx, mesh, encoder_params, ckpts)
-        log.drop_after(int(jax.device_get(state.step)))
-        eval_step = make_eval_step(model, loss_config, mesh, state_shardings.params)
         try:
-            _train_loop(config, workdir, model, tx, schedule, loss_config, mesh, state,
-                        state_shardings, eval_step, data, hf_config, ckpts, log,
-                        steps_per_epoch, total_steps)
+            state = _initial_state(setup, encoder_params)
+            log.drop_after(int(jax.device_get(state.step)))
+            TrainLoop(setup, state).run()
         finally:
             ckpts.close()
-        return _final_reports(config, workdir, mesh, eval_step, data, log)
+        return _final_reports(setup)
     finally:
         log.close()
 
 
-def _initial_state(config, model, tx, mesh, encoder_params, ckpts):
+def _initial_state(setup: RunSetup, encoder_params) -> TrainState:
     """The latest checkpoint's train state when there is one, else a fresh one (with the
     parameters of ``train.init_from`` where given)."""
-    if ckpts.latest_step() is None:
-        state, shardings = create_train_state(config, model, tx, mesh, encoder_params)
+    config, trainer = setup.config, setup.trainer
+    if setup.ckpts.latest_step() is None:
+        state = trainer.fresh_state(encoder_params)
         if config.train.init_from:
             state = state.replace(params=init_params_from(config, state.params))
-        return state, shardings
-    abstract, shardings = abstract_train_state(config, model, tx, mesh)
-    params, opt_state, meta = ckpts.restore_latest(abstract.params, abstract.opt_state,
-                                                   shardings.params, shardings.opt_state, config)
+        return state
+    abstract, shardings = trainer.abstract_state(), trainer.state_shardings
+    params, opt_state, meta = setup.ckpts.restore_latest(
+        abstract.params, abstract.opt_state, shardings.params, shardings.opt_state, config)
     logging.info("resuming from the checkpoint of step %d (epoch %.2f)", meta["step"],
                  meta["epoch"])
     step = jax.device_put(jnp.asarray(meta["step"], jnp.int32), shardings.step)
-    return TrainState(step=step, params=params, opt_state=opt_state), shardings
+    return TrainState(step=step, params=params, opt_state=opt_state)
 
 
-def _train_loop(config, workdir, model, tx, schedule, loss_config, mesh, state, state_shardings,
-                eval_step, data: RunData, hf_config, ckpts, log: MetricLog,
-                steps_per_epoch: int, total_steps: int) -> None:
-    """Runs the epochs from the state's step to the end, evaluating and checkpointing."""
-    train_cfg = config.train
-    train_step = make_train_step(model, tx, schedule, loss_config, mesh, state_shardings,
-                                 train_cfg.seed, freeze_encoder=train_cfg.freeze_encoder)
-    selection_ids = [p.pair_id for p in data.splits.selection]
-    selection_name = data.splits.selection_name
-    config_dict = checkpoints.config_to_dict(config)
+class TrainLoop:
+    """Runs the epochs of ``setup`` from ``state``'s step to the end: train steps, metric logs,
+    selection evaluations, checkpoints. Holds what changes while training: the state, the step,
+    the metrics not yet fetched and the throughput clock."""
 
-    def meta(step: int, scores: Mapping[str, float] | None = None) -> dict:
-        return {"step": step, "epoch": step / steps_per_epoch, "protocol": data.splits.protocol,
-                "selection_split": selection_name, "metrics": dict(scores or {}),
-                "config": config_dict, "encoder_config": hf_config.to_dict()}
+    def __init__(self, setup: RunSetup, state: TrainState):
+        self.setup = setup
+        self.state = state
+        self.step = int(jax.device_get(state.step))
+        self.pending = _PendingMetrics()
+        self.tick, self.tick_step = time.time(), self.step
+        data, trainer = setup.data, setup.trainer
+        self.selection = evaluate.Evaluator(
+            trainer.eval_step, data.splits.selection, data.selection, data.layout,
+            setup.config.train.eval_batch_size, trainer.mesh)
+        self.bar = None
 
-    def last_good() -> str:
-        latest = ckpts.latest_step()
-        where = epath.Path(workdir) / "checkpoints" / checkpoints.LATEST
-        return ("no checkpoint had been saved yet" if latest is None else
-                f"the last good checkpoint is step {latest} in {where}, intact")
+    def run(self) -> None:
+        """Trains to the end of the last epoch."""
+        setup, train_config = self.setup, self.setup.config.train
+        steps_per_epoch = setup.steps_per_epoch
+        self.bar = tqdm.tqdm(total=setup.total_steps, initial=self.step, unit="step",
+                             dynamic_ncols=True, disable=jax.process_index() != 0, desc="train")
+        try:
+            first_epoch, skip = divmod(self.step, steps_per_epoch)
+            for epoch in range(first_epoch, train_config.num_epochs):
+                stream = input_pipeline.batch_stream(
+                    setup.data.train, setup.data.layout, train_config.batch_size,
+                    shuffle=train_config.shuffle, seed=train_config.seed, epoch=epoch)
+                for index, local in enumerate(stream):
+                    if index < skip:
+                        continue
+                    self.train_step(local)
+                    if index == steps_per_epoch - 1:
+                        break  # the epoch's end is handled below
+                    self.periodic_actions()
+                skip = 0
+                self.flush()
+                self.select()
+                self.save_latest()
+        finally:
+            self.bar.close()
 
-    pending = _PendingMetrics()
-    step = int(jax.device_get(state.step))
-    tick, tick_step = time.time(), step
+    def train_step(self, local) -> None:
+        """One update on this process's share ``local`` of the global batch."""
+        self.state, step_metrics = self.setup.trainer.train_step(
+            self.state, sharding.global_batch(local, self.setup.trainer.mesh))
+        self.step += 1
+        self.pending.add(self.step, step_metrics)
+        self.bar.update(1)
 
-    def flush() -> None:
-        nonlocal tick, tick_step
-        means = pending.fetch(last_good)
+    def periodic_actions(self) -> None:
+        """Logging, selection and checkpointing every ``train.*_every_steps`` (within an
+        epoch)."""
+        train_config, step = self.setup.config.train, self.step
+        if train_config.log_every_steps and step % train_config.log_every_steps == 0:
+            self.flush()
+        if train_config.eval_every_steps and step % train_config.eval_every_steps == 0:
+            self.flush()
+            self.select()
+        if train_config.checkpoint_every_steps and step % train_config.checkpoint_every_steps == 0:
+            self.flush()
+            self.save_latest()
+
+    def flush(self) -> None:
+        """Fetches the pending step metrics and logs their means with the throughput."""
+        means = self.pending.fetch(self.setup.last_good)
         if means is None:
             return
-        elapsed = time.time() - tick
-        rate = (step - tick_step) / elapsed if elapsed > 0 else 0.0
-        tick, tick_step = time.time(), step
-        log.write(step, "train", {**means, "steps_per_second": rate,
-                                  "pairs_per_second": rate * train_cfg.batch_size},
-                  epoch=step / steps_per_epoch)
-        bar.set_postfix(loss=f"{means['loss/total']:.4f}", refresh=False)
+        elapsed = time.time() - self.tick
+        rate = (self.step - self.tick_step) / elapsed if elapsed > 0 else 0.0
+        self.tick, self.tick_step = time.time(), self.step
+        pairs_per_step = self.setup.config.train.batch_size
+        self.setup.log.write(self.step, "train",
+                             {**means, "steps_per_second": rate,
+                              "pairs_per_second": rate * pairs_per_step},
+                             epoch=self.step / self.setup.steps_per_epoch)
+        self.bar.set_postfix(loss=f"{means['loss/total']:.4f}", refresh=False)
 
-    def select() -> None:
-        scores, _ = evaluate(eval_step, state.params, data.selection, config, mesh, selection_ids)
-        scalars = scalar_metrics(scores)
-        log.write(step, selection_name, scalars, epoch=step / steps_per_epoch)
-        improved = ckpts.save_if_best(step, state.params, meta(step, scalars))
+    def select(self) -> None:
+        """Scores the selection split, logs it and saves the best checkpoints it improves."""
+        setup, step = self.setup, self.step
+        name = setup.data.splits.selection_name
+        scalars = self.selection.run(self.state.params).scalars
+        setup.log.write(step, name, scalars, epoch=step / setup.steps_per_epoch)
+        improved = setup.ckpts.save_if_best(step, self.state.params, setup.meta(step, scalars))
         logging.info("step %d %s: accuracy %.3f consistency %.3f verifiability %.3f%s", step,
-                     selection_name, scalars["accuracy"], scalars["consistency"],
-                     scalars["verifiability"],
+                     name, scalars["accuracy"], scalars["consistency"], scalars["verifiability"],
                      f" (new {', '.join(improved)})" if improved else "")
 
-    bar = tqdm.tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True,
-                    disable=jax.process_index() != 0, desc="train")
-    try:
-        first_epoch, skip = divmod(step, steps_per_epoch)
-        for epoch in range(first_epoch, train_cfg.num_epochs):
-            stream = batch_stream(data.train, config, train_cfg.batch_size,
-                                  shuffle=train_cfg.shuffle, epoch=epoch)
-            for index, local in enumerate(stream):
-                if index < skip:
-                    continue
-                state, step_metrics = train_step(state, sharding.global_batch(local, mesh))
-                step += 1
-                pending.add(step, step_metrics)
-                bar.update(1)
-                if index == steps_per_epoch - 1:
-                    break  # the epoch's end is handled below
-                if train_cfg.log_every_steps and step % train_cfg.log_every_steps == 0:
-                    flush()
-                if train_cfg.eval_every_steps and step % train_cfg.eval_every_steps == 0:
-                    flush()
-                    select()
-                if (train_cfg.checkpoint_every_steps
-                        and step % train_cfg.checkpoint_every_steps == 0):
-                    flush()
-                    ckpts.save_latest(step, state.params, state.opt_state, meta(step))
-            skip = 0
-            flush()
-            select()
-            ckpts.save_latest(step, state.params, state.opt_state, meta(step))
-    finally:
-        bar.close()
+    def save_latest(self) -> None:
+        """Saves the state as the latest checkpoint (for resuming)."""
+        self.setup.ckpts.save_latest(self.step, self.state.params, self.state.opt_state,
+                                     self.setup.meta(self.step))
 
 
-def _final_reports(config, workdir, mesh, eval_step, data: RunData, log: MetricLog
-                   ) -> dict[str, Any]:
+def _final_reports(setup: RunSetup) -> dict[str, Any]:
     """Scores the best checkpoints on test; writes reports/ (best verifiability) and
-    reports/best_accuracy/ with ``trip_jax.evaluate.write_checkpoint_report``.
+    reports/best_accuracy/ with ``evaluate.write_checkpoint_report``.
 
     Parameters come from ``checkpoints.restore_for_eval`` (the path evaluation takes) on the
-    training mesh, so ``eval_step``, compiled for those shardings, is reused.
+    training mesh, so the trainer's eval step, compiled for those shardings, is reused.
     """
-    # Imported here: trip_jax.evaluate builds on this module (eval step, batching).
-    from trip_jax import evaluate as evaluation
-
-    test_ids = [p.pair_id for p in data.splits.test]
+    config, data, splits = setup.config, setup.data, setup.data.splits
+    tester = evaluate.Evaluator(setup.trainer.eval_step, splits.test, data.test, data.layout,
+                                config.train.eval_batch_size, setup.trainer.mesh, explain=True)
     results, scored_steps = {}, {}
     for kind, subdir in ((checkpoints.BEST_VERIFIABILITY, ""),
                          (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)):
-        restored = checkpoints.restore_for_eval(workdir, kind, mesh=mesh, config=config)
+        restored = checkpoints.restore_for_eval(str(setup.workdir), kind,
+                                                mesh=setup.trainer.mesh, config=config)
         if restored.step not in scored_steps:
-            scored_steps[restored.step] = evaluate(eval_step, restored.params, data.test, config,
-                                                   mesh, test_ids, pairs=data.splits.test)
-        scores, records = scored_steps[restored.step]
+            scored_steps[restored.step] = tester.run(restored.params)
+        evaluation = scored_steps[restored.step]
+        scores = evaluation.scores
         results[kind] = scores
-        log.write(restored.step, "test", scalar_metrics(scores), checkpoint=kind)
+        setup.log.write(restored.step, "test", evaluation.scalars, checkpoint=kind)
         logging.info("test (%s, step %d, protocol %s): accuracy %.3f consistency %.3f "
-                     "verifiability %.3f", kind, restored.step, data.splits.protocol,
+                     "verifiability %.3f", kind, restored.step, splits.protocol,
                      scores["accuracy"], scores["consistency"], scores["verifiability"])
         if jax.process_index() == 0:
-            evaluation.write_checkpoint_report(
-                epath.Path(workdir) / "reports" / subdir, "test", scores, records, restored,
-                data.splits, data.splits.test)
+            evaluate.write_checkpoint_report(setup.workdir / "reports" / subdir, "test",
+                                             evaluation, restored, splits, splits.test)
     return results[checkpoints.BEST_VERIFIABILITY]

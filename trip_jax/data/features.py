@@ -1,10 +1,11 @@
 """Features: typed story pairs -> tokenized rows -> Batch arrays (the Batch contract).
 
 One encoder row per (story, entity, sentence): the tokenizer's sentence-pair encoding with the
-entity first and the sentence second (DESIGN.md §2). ``encode_pairs`` tokenizes every distinct
-(entity, sentence) text once and keeps each row's tokens unpadded, so the token length T is chosen
-later, per batch, from the data. Rows are never cut silently: ``truncation_report`` says how many
-rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a warning with that count.
+entity first and the sentence second (docs/reference.md, "Encoder input"). ``encode_pairs``
+tokenizes every distinct (entity, sentence) text once and keeps each row's tokens unpadded, so the
+token length T is chosen later, per batch, from the data. Rows are never cut silently:
+``truncation_report`` says how many rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a
+warning with that count.
 
 ``build_batch`` lays a list of encoded pairs out in one of two layouts of the same arrays:
 - packed: only real rows are encoder rows, in (pair, story, entity, sentence) order; R is the real

@@ -1,4 +1,4 @@
-"""Labels derived from typed stories: the conflict-label rule of DESIGN.md §2."""
+"""Labels derived from typed stories: the conflict-label rule (docs/reference.md, "Labels")."""
 
 from __future__ import annotations
 

@@ -79,7 +79,8 @@ class _Report:
             warnings.warn(
                 f"{self.path}: {len(self.off_breakpoint)} conflicting sentence pairs do not end "
                 "at their story's breakpoint; they are not part of the (evidence, breakpoint) "
-                f"conflict the model learns (DESIGN.md §2) ({few(self.off_breakpoint)})",
+                f"conflict the model learns (docs/reference.md, 'Labels') "
+                f"({few(self.off_breakpoint)})",
                 TripDataWarning, stacklevel=3)
 
 

@@ -46,7 +46,8 @@ class Story:
 
     @property
     def evidence(self) -> int | None:
-        """Evidence sentence: the latest one listed before the breakpoint (DESIGN.md §2)."""
+        """Evidence sentence: the latest one listed before the breakpoint (docs/reference.md,
+        "Labels")."""
         j = self.breakpoint
         if j is None:
             return None

@@ -1,7 +1,7 @@
 """The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
 
-Reference semantics: ``shared/DESIGN.md`` §2. The model reads the Batch-contract arrays (packed or
-dense rows) and returns the Model output contract (``/tmp/CONTRACTS.md``); every architecture
+Reference semantics: docs/reference.md, "Model". The model reads the batch contract's arrays (packed
+or dense rows) and returns its outputs (``trip_jax.batch_contract``); every architecture
 number is a ``TieredConfig`` field whose default is the reference value.
 """
 
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from trip_jax import schema
+from trip_jax import batch_contract, schema
 from trip_jax.config_fields import dataclass_from_mapping
 from trip_jax.models.encoders import build_encoder
 
@@ -29,7 +29,7 @@ STORY_SCORES = ("sum", "max")
 
 @dataclasses.dataclass(frozen=True)
 class TieredConfig:
-    """Architecture of the tiered model; defaults are the reference's (DESIGN.md §2).
+    """Architecture of the tiered model; defaults are the reference's (docs/reference.md, "Model").
 
     The detector width d_model is ``embedding_projection + state_projection`` (256 + 256 = 512).
     ``detector_padding_mask`` masks padded sentences as attention keys and zeroes their detector
@@ -259,7 +259,7 @@ class ConflictDetector(nn.Module):
 
 
 class TieredModel(nn.Module):
-    """The tiered reasoning model of DESIGN.md §2 over Batch-contract arrays.
+    """The tiered reasoning model (docs/reference.md, "Model") over batch-contract arrays.
 
     ``encoder`` is a module following the encoder contract (see ``build_tiered_model`` to build
     it from a Hugging Face config); its parameters live under ``params["encoder"]``.
@@ -286,7 +286,7 @@ class TieredModel(nn.Module):
 
         # One encoder call per row group (rows padded to different token lengths), one scatter.
         first_tokens, row_index = [], []
-        for prefix in schema.row_groups(batch):
+        for prefix in batch_contract.row_groups(batch):
             hidden = self.encoder(batch[prefix + "input_ids"], batch[prefix + "attention_mask"],
                                   token_type_ids=batch.get(prefix + "token_type_ids"),
                                   deterministic=deterministic)

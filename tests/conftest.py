@@ -1,0 +1,125 @@
+"""Shared fixtures: the TRIP data directory, the compilation cache, the tiny config, a trained
+tiny run, and the helper modules of the tests (small TRIP files, the multi-process harness).
+
+Test modules get all of these as fixtures; none imports another test module.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+
+import jax
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _data_dir() -> str:
+    """The shared TRIP data: $TRIP_DATA_DIR, else ../shared/data/trip next to the repository."""
+    return os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
+
+
+@pytest.fixture(scope="session")
+def repo() -> pathlib.Path:
+    """The repository root."""
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> str:
+    """The directory of the TRIP data files the tests read."""
+    return _data_dir()
+
+
+@pytest.fixture(scope="session")
+def compilation_cache_dir(tmp_path_factory) -> pathlib.Path:
+    """The session's persistent JAX compilation cache (shared with subprocesses)."""
+    return tmp_path_factory.getbasetemp() / "jax_cache"
+
+
+@pytest.fixture(scope="module")
+def compilation_cache(compilation_cache_dir):
+    """Lets every compilation after the first in this session load from disk (this module
+    only: the settings are restored afterwards)."""
+    from trip_jax import runtime
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    saved = {key: getattr(jax.config, key) for key in keys}
+    runtime.enable_compilation_cache(str(compilation_cache_dir))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # tiny programs too
+    yield compilation_cache_dir
+    for key, value in saved.items():
+        jax.config.update(key, value)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(data_dir) -> Callable:
+    """A factory of configs/tiny.py on the shared data, with synchronous checkpoints (exact
+    kill points); each call returns a fresh copy to change."""
+    from configs import tiny
+
+    def make(loss_preset: str | None = None):
+        config = tiny.get_config(loss_preset)
+        config.data.data_dir = data_dir
+        config.train.async_checkpoints = False
+        return config
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory, tiny_config, compilation_cache) -> pathlib.Path:
+    """A finished tiny run (1 epoch, 4 steps), trained once per session whichever module asks
+    first."""
+    from trip_jax import train
+
+    workdir = tmp_path_factory.getbasetemp() / "trained_tiny"
+    done = workdir / "TRAINED"
+    if not done.exists():
+        shutil.rmtree(workdir, ignore_errors=True)
+        config = tiny_config()
+        config.train.num_epochs = 1
+        train.train_and_evaluate(config, str(workdir))
+        done.touch()
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def run_main(data_dir, compilation_cache_dir) -> Callable[..., subprocess.CompletedProcess]:
+    """``run_main(*flags, env=None)``: ``python -m trip_jax.main --config=configs/tiny.py`` on the
+    shared data (unless ``flags`` set ``--config.data.data_dir``), with the session's
+    compilation cache; ``env`` adds environment variables."""
+
+    def run(*flags: str, env: dict[str, str] | None = None,
+            timeout: int = 300) -> subprocess.CompletedProcess:
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir),
+               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **(env or {})}
+        if not any(flag.startswith("--config.data.data_dir=") for flag in flags):
+            flags = (f"--config.data.data_dir={data_dir}", *flags)
+        command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py", *flags]
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def fx():
+    """``tests/trip_files.py``: small TRIP files in the three formats."""
+    import trip_files
+
+    return trip_files
+
+
+@pytest.fixture(scope="session")
+def multiprocess():
+    """``tests/multiprocess_harness.py``: runs a function in N local JAX processes."""
+    import multiprocess_harness
+
+    return multiprocess_harness

@@ -1,0 +1,133 @@
+"""The batch contract (trip_jax.batch_contract): every producer of batches and the model's outputs
+checked against the one table, and the check itself rejecting what breaks the contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from trip_jax import batch_contract, builders, input_pipeline, predict, sharding
+from trip_jax.batch_contract import BatchContractError, check_batch
+from trip_jax.data import batching, features
+
+S = features.DEFAULT_MAX_SENTENCES
+
+
+@pytest.fixture(scope="module")
+def data(tiny_config):
+    """The tiny config's pairs, tokenizer and layout (``input_pipeline.prepare_data``)."""
+    return input_pipeline.prepare_data(tiny_config())
+
+
+def test_build_batch_in_both_layouts_and_with_short_rows(data):
+    pairs = data.train[:3]
+    common = dict(num_entities=16, seq_len=32, pad_id=pairs[0].pad_id, max_sentences=S)
+    dense = features.build_batch(pairs, [0, 1, 2], layout="dense", **common)
+    assert check_batch(dense, max_sentences=S, layout="dense")["R"] == 3 * 2 * 16 * S
+    packed = features.build_batch(pairs + [None], [0, 1, 2, -1], layout="packed",
+                                  num_rows=512, **common)
+    sizes = check_batch(packed, max_sentences=S, layout="packed")
+    assert (sizes["B"], sizes["R"], sizes["T"]) == (4, 512, 32)
+    short = features.build_batch(pairs, [0, 1, 2], layout="packed", short_seq_len=12, **common)
+    sizes = check_batch(short, max_sentences=S)
+    assert sizes["T_short"] == 12 and sizes["R"] + sizes["R_short"] == sum(
+        p.num_rows for p in pairs)
+
+
+def test_batching_shares_of_every_process(data):
+    for process_index in range(2):
+        for batch in batching.batches(data.train, 4, shuffle=True, seed=3, epoch=1,
+                                      process_index=process_index, process_count=2,
+                                      max_sentences=S):
+            assert check_batch(batch, max_sentences=S)["B"] == 2
+
+
+@pytest.mark.parametrize("split", ["train", "selection", "test"])
+@pytest.mark.parametrize("options", [{}, {"layout": "dense", "seq_len": None},
+                                     {"short_seq_len": 12}])
+def test_input_pipeline_streams(data, split, options):
+    layout = dataclasses.replace(data.layout, **options)
+    encoded = getattr(data, split)
+    seen = []
+    for batch in input_pipeline.batch_stream(encoded, layout, 2, shuffle=True, seed=0, epoch=0):
+        check_batch(batch, max_sentences=layout.max_sentences, layout=layout.layout)
+        seen += batch["pair_index"][batch["pair_mask"]].tolist()
+    assert sorted(seen) == list(range(len(encoded)))
+
+
+def test_example_batch_and_row_padding():
+    example = builders.example_batch(S, seq_len=16)
+    assert check_batch(example, max_sentences=S, layout="dense") == {
+        "R": 2 * S, "T": 16, "B": 1, "E": 1, "S": S}
+    packed = features.build_batch([None], [-1], layout="packed", num_entities=8, seq_len=8,
+                                  pad_id=0, max_sentences=S, num_rows=5)
+    padded = sharding.pad_rows(packed, 4)
+    assert check_batch(padded, max_sentences=S)["R"] == 8
+
+
+def test_prediction_requests_become_contract_batches(data):
+    line = {"stories": [["Ann took the cup.", "Ann broke the cup."],
+                        ["Ann took the cup.", "Ann drank from the cup."]],
+            "entities": [["cup", "Ann"], ["cup"]]}
+    request = predict.parse_line(json.dumps(line), 1, S)
+    pair = predict._pair(request, request.entities)
+    encoded = input_pipeline.encode([pair], data.tokenizer, data.layout)
+    [batch] = input_pipeline.batch_stream(encoded, data.layout, 2)
+    check_batch(batch, max_sentences=S)
+    assert batch["pair_mask"].tolist() == [True, False]
+
+
+def test_model_outputs_follow_the_contract(data, tiny_config):
+    config = tiny_config()
+    hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
+    model = builders.build_model(config, hf_config)
+    batch = next(input_pipeline.batch_stream(data.test, data.layout, 2))
+    sizes = check_batch(batch, max_sentences=S)
+    # Shapes and dtypes only: jax.eval_shape traces the model without running it.
+    outputs = jax.eval_shape(
+        lambda rng: model.apply({"params": builders.init_params(model, rng, S)}, batch),
+        jax.random.key(0))
+    assert batch_contract.check_outputs(outputs, sizes) == {k: sizes[k] for k in "BES"}
+    with pytest.raises(BatchContractError, match="'story_score' has shape"):
+        batch_contract.check_outputs(
+            {**outputs, "story_score": jax.ShapeDtypeStruct((2, 2, 1), np.float32)}, sizes)
+    with pytest.raises(BatchContractError, match="'pre_pred' has dtype float32"):
+        batch_contract.check_outputs(
+            {**outputs, "pre_pred": jax.ShapeDtypeStruct(outputs["pre_pred"].shape, np.float32)},
+            sizes)
+    assert set(batch_contract.PREDICTION_KEYS) <= set(outputs)
+
+
+def test_check_rejects_what_breaks_the_contract():
+    good = builders.example_batch(S)
+    check_batch(good)
+    with pytest.raises(BatchContractError, match="missing \\['story_label'\\]"):
+        check_batch({k: v for k, v in good.items() if k != "story_label"})
+    with pytest.raises(BatchContractError, match="unknown \\['extra'\\]"):
+        check_batch({**good, "extra": np.zeros(1)})
+    with pytest.raises(BatchContractError, match="'row_mask' has dtype int32, expected bool"):
+        check_batch({**good, "row_mask": good["row_mask"].astype(np.int32)})
+    with pytest.raises(BatchContractError, match="dimension A is 19"):
+        check_batch({**good, "pre_label": good["pre_label"][..., :19]})
+    with pytest.raises(BatchContractError, match="dimension B is 2"):
+        check_batch({**good, "story_label": np.zeros(2, np.int32)})
+    with pytest.raises(BatchContractError, match="max_sentences=5"):
+        check_batch(good, max_sentences=5)
+    with pytest.raises(BatchContractError, match="row_index outside"):
+        check_batch({**good, "row_index": good["row_index"] + 2})
+    no_row = dict(good, row_index=np.full_like(good["row_index"], 2 * S))
+    with pytest.raises(BatchContractError, match="has no encoder row"):
+        check_batch(no_row)
+
+
+def test_contract_table_names_every_key():
+    table = batch_contract.describe()
+    for f in (*batch_contract.ROW_FIELDS, *batch_contract.PAIR_FIELDS,
+              *batch_contract.OUTPUT_FIELDS):
+        assert f"| `{f.name}` |" in table
+    assert batch_contract.ROW_KEYS == ("input_ids", "attention_mask", "token_type_ids",
+                                       "row_index")

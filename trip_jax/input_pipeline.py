@@ -1,0 +1,139 @@
+"""From data files to batches: protocol splits, tokenizer, encoding and batch streams.
+
+Everything that turns TRIP files into the batch contract's arrays (``trip_jax.batch_contract``)
+goes through here, for training, evaluation, prediction and the benchmarks alike:
+
+- ``Layout.from_config(config.data)``: how pairs are encoded and laid out (sentence slots, token
+  lengths, packed or dense rows, shape buckets), one object passed around;
+- ``prepare_data(config)``: the protocol's splits (``trip_jax.protocol``), the config's tokenizer
+  and every pair encoded (``RunData``);
+- ``encode(pairs, tokenizer, layout)``: typed pairs to unpadded token rows;
+- ``batch_stream(encoded, layout, batch_size, ...)``: this process's batches of one epoch, in the
+  deterministic order of ``trip_jax.data.batching`` (fixed by seed and epoch only, so a resumed
+  run sees the same batches);
+- ``split_pairs(splits, name)``: one split of a protocol by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from trip_jax import builders, protocol, reports
+from trip_jax.data import batching, features
+from trip_jax.data.features import Buckets, EncodedPair
+from trip_jax.data.types import StoryPair
+
+
+class UnknownSplitError(ValueError):
+    """A split the protocol does not have, or one without pairs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How encoded pairs become batches (``config.data``; docs/reference.md, "Encoder input").
+
+    max_sentences: S, the sentence slots of every story.
+    max_length: rows longer than this are cut when encoding, with a report (None: never cut).
+    layout: "packed" (real rows only) or "dense" (every cell a row, as the reference).
+    seq_len: fixed T of every batch (None: bucketed per batch).
+    short_seq_len: rows of at most this many tokens form a second row group (None: one group).
+    buckets: rounding of E, T and R to few shapes.
+    """
+
+    max_sentences: int = features.DEFAULT_MAX_SENTENCES
+    max_length: int | None = None
+    layout: str = "packed"
+    seq_len: int | None = None
+    short_seq_len: int | None = None
+    buckets: Buckets = Buckets()
+
+    @classmethod
+    def from_config(cls, data_config) -> "Layout":
+        """The layout ``config.data`` describes (0 means "not set" for the optional lengths)."""
+        return cls(max_sentences=data_config.max_sentences,
+                   max_length=data_config.max_length or None,
+                   layout=data_config.layout,
+                   seq_len=data_config.seq_len or None,
+                   short_seq_len=data_config.short_seq_len or None,
+                   buckets=Buckets(**data_config.buckets))
+
+
+@dataclasses.dataclass
+class RunData:
+    """The protocol's splits, the tokenizer and every split encoded."""
+
+    splits: protocol.ProtocolSplits
+    tokenizer: Any
+    layout: Layout
+    train: list[EncodedPair]
+    selection: list[EncodedPair]
+    test: list[EncodedPair]
+
+
+def encode(pairs: Sequence[StoryPair], tokenizer, layout: Layout) -> list[EncodedPair]:
+    """Tokenizes every (story, entity, sentence) row of ``pairs`` (``features.encode_pairs``)."""
+    return features.encode_pairs(pairs, tokenizer, max_sentences=layout.max_sentences,
+                                 max_length=layout.max_length)
+
+
+def load_splits(data_config) -> protocol.ProtocolSplits:
+    """The typed pairs of the protocol's train, selection and test splits (``config.data``)."""
+    return protocol.load_protocol_splits(data_config)
+
+
+def prepare_data(config) -> RunData:
+    """Reads the protocol's splits, builds the tokenizer and encodes every pair."""
+    splits = load_splits(config.data)
+    for name, pairs in (("train", splits.train), ("selection", splits.selection),
+                        ("test", splits.test)):
+        if not pairs:
+            raise ValueError(f"protocol {splits.protocol}: the {name} split is empty")
+    everything = splits.train + splits.selection + splits.test
+    tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(everything))
+    layout = Layout.from_config(config.data)
+    return RunData(splits, tokenizer, layout, encode(splits.train, tokenizer, layout),
+                   encode(splits.selection, tokenizer, layout),
+                   encode(splits.test, tokenizer, layout))
+
+
+def batch_stream(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int, *,
+                 shuffle: bool = False, seed: int = 0, epoch: int = 0
+                 ) -> Iterator[dict[str, np.ndarray]]:
+    """This process's batches of one epoch (global ``batch_size`` pairs each), in the order fixed
+    by (seed, epoch); the last batch is padded with empty pairs."""
+    return batching.batches(
+        encoded, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, layout=layout.layout,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        buckets=layout.buckets, seq_len=layout.seq_len, max_sentences=layout.max_sentences,
+        short_seq_len=layout.short_seq_len)
+
+
+def num_batches(num_pairs: int, batch_size: int) -> int:
+    """Batches per epoch (``batch_stream`` pads the last one)."""
+    return batching.num_batches(num_pairs, batch_size)
+
+
+def split_names(splits: protocol.ProtocolSplits) -> dict[str, list[StoryPair]]:
+    """The splits of a protocol by name: "train", the selection split's name, "test"."""
+    return {"train": splits.train, splits.selection_name: splits.selection, "test": splits.test}
+
+
+def split_pairs(splits: protocol.ProtocolSplits, split: str) -> list[StoryPair]:
+    """The pairs of ``split``; UnknownSplitError (listing the valid names) for an unknown one."""
+    named = split_names(splits)
+    if split not in named:
+        raise UnknownSplitError(f"protocol {splits.protocol} has no split {split!r}; choose one "
+                                f"of {', '.join(sorted(named))}")
+    if not named[split]:
+        raise UnknownSplitError(f"split {split!r} of protocol {splits.protocol} has no pairs")
+    return named[split]
+
+
+def data_files(splits: protocol.ProtocolSplits) -> Mapping[str, str]:
+    """{path: sha256} of the data files the protocol read."""
+    return reports.data_file_hashes(sorted(set(splits.files.values())))
