@@ -105,7 +105,7 @@ def training_worker(data_dir: str, workdir: str, out_dir: str) -> dict:
     its latest checkpoint on the same mesh; dumps the final and the restored parameters."""
     import jax
 
-    from trip_jax import checkpoints, train
+    from trip_jax import checkpoints, evaluate, train
 
     _quiet_orbax()
     record = _record_train_steps(train)
@@ -122,7 +122,7 @@ def training_worker(data_dir: str, workdir: str, out_dir: str) -> dict:
         "local_device_ids": sorted(d.id for d in jax.local_devices()),
         "losses": losses,
         "final_step": int(np.asarray(record["state"].step)),
-        "test_metrics": {k: float(v) for k, v in train.scalar_metrics(test_metrics).items()},
+        "test_metrics": {k: float(v) for k, v in evaluate.scalar_metrics(test_metrics).items()},
         "final_params": {"file": str(out / f"final_{index}.npz"), "leaves": dump_shards(
             record["state"].params, out / f"final_{index}.npz")},
         "restored_step": restored.step,

@@ -9,16 +9,11 @@ shared by the processes keeps the run short.
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 
 import pytest
 
 from benchmarks import flops, models, run
 from trip_jax.models.tiered import TieredConfig
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
 
 TIMED_FIELDS = {"compile_s", "first_call_s", "step_s", "pairs_per_s", "real_rows_per_s",
                 "tokens_per_s", "model_flops", "model_flops_per_s", "mfu", "xla_flops",
@@ -26,9 +21,9 @@ TIMED_FIELDS = {"compile_s", "first_call_s", "step_s", "pairs_per_s", "real_rows
 
 
 @pytest.fixture(autouse=True)
-def data_dir(monkeypatch):
+def benchmark_data(monkeypatch, data_dir):
     """Points the benchmark processes at the shared TRIP data."""
-    monkeypatch.setenv("TRIP_DATA_DIR", DATA_DIR)
+    monkeypatch.setenv("TRIP_DATA_DIR", data_dir)
 
 
 def run_smoke(tmp_path, *flags) -> dict:

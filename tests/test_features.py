@@ -14,8 +14,6 @@ from trip_jax.data.features import Buckets, build_batch, encode_pairs
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair, empty_states
 
-DATA_DIR = os.environ.get(
-    "TRIP_DATA_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "trip"))
 LOCATION, CONSCIOUS, FUNCTIONAL = 5, 1, 9
 
 
@@ -34,11 +32,9 @@ def _hand_pair() -> StoryPair:
     return StoryPair("hand", (plausible, implausible), label=0)
 
 
-def _dev_pair(n: int = 0) -> tuple[StoryPair, list[dict]]:
+def _dev_pair(data_dir: str, n: int = 0) -> tuple[StoryPair, list[dict]]:
     """Pair n of dev.cgli.jsonl by a minimal parse (two consecutive lines), and its raw records."""
-    path = os.path.join(DATA_DIR, "dev.cgli.jsonl")
-    if not os.path.exists(path):
-        pytest.skip(f"TRIP data not found at {path}")
+    path = os.path.join(data_dir, "dev.cgli.jsonl")
     with open(path) as f:
         records = [json.loads(line) for line in itertools.islice(f, 2 * n, 2 * n + 2)]
     stories = tuple(
@@ -117,8 +113,8 @@ def test_hand_pair_shapes_labels_masks_and_rows(style):
     assert dense["attention_mask"][2].tolist() == [1] + [0] * (T - 1)
 
 
-def test_dev_pair_conflict_rule_and_minilm_rows():
-    pair, records = _dev_pair(0)
+def test_dev_pair_conflict_rule_and_minilm_rows(data_dir):
+    pair, records = _dev_pair(data_dir, 0)
     tokenizer = _minilm()
     (enc,) = encode_pairs([pair], tokenizer)
     assert pair.label == 0 and pair.stories[1].conflict == (3, 4)
@@ -144,8 +140,8 @@ def test_dev_pair_conflict_rule_and_minilm_rows():
 
 
 @pytest.mark.parametrize("style", ["bert", "roberta"])
-def test_packed_scatters_onto_dense(style):
-    pairs = [_hand_pair(), _dev_pair(1)[0], _hand_pair()]
+def test_packed_scatters_onto_dense(data_dir, style):
+    pairs = [_hand_pair(), _dev_pair(data_dir, 1)[0], _hand_pair()]
     (enc_a, enc_b, enc_c) = encode_pairs(pairs, _tokenizer(style, pairs))
     encoded = [enc_a, enc_b, None, enc_c]   # a padding pair in the middle
     E, S, T = 12, 7, 40

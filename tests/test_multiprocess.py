@@ -1,6 +1,7 @@
 """Real multi-process JAX on this machine: 2 processes × 2 CPU devices joined by jax.distributed.
 
-The functions named ``*_worker`` run inside the child processes (see multiprocess_harness.py).
+The functions named ``*_worker`` run inside the child processes (conftest's ``multiprocess``:
+tests/multiprocess_harness.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import time
 import numpy as np
 import pytest
 
-from multiprocess_harness import MultiprocessError, MultiprocessTimeout, run_processes
 
 LEARNING_RATE = 0.1
 
@@ -90,10 +90,11 @@ def _assert_all_gone(pids) -> None:
             os.kill(pid, 0)
 
 
-def test_two_processes_agree_with_single_process():
+def test_two_processes_agree_with_single_process(multiprocess):
     steps = 3
-    results = run_processes("test_multiprocess:sgd_worker", 2, kwargs={"steps": steps},
-                            devices_per_process=2, timeout_s=180)
+    results = multiprocess.run_processes("test_multiprocess:sgd_worker", 2,
+                                         kwargs={"steps": steps}, devices_per_process=2,
+                                         timeout_s=180)
 
     # The same steps in this single process, no sharding.
     x, y = _toy_data()
@@ -116,22 +117,23 @@ def test_two_processes_agree_with_single_process():
     assert losses[-1] < losses[0]  # the steps did train
 
 
-def test_timeout_kills_processes_and_says_so():
+def test_timeout_kills_processes_and_says_so(multiprocess):
     start = time.monotonic()
-    with pytest.raises(MultiprocessTimeout, match="timed out after 3 s") as info:
-        run_processes("test_multiprocess:stuck_or_failing_worker", 2,
-                      kwargs={"fail_process": -1}, timeout_s=3)
+    with pytest.raises(multiprocess.MultiprocessTimeout, match="timed out after 3 s") as info:
+        multiprocess.run_processes("test_multiprocess:stuck_or_failing_worker", 2,
+                                   kwargs={"fail_process": -1}, timeout_s=3)
     assert time.monotonic() - start < 30
     assert "--- process 1" in str(info.value)
     assert len(info.value.pids) == 2
     _assert_all_gone(info.value.pids)
 
 
-def test_a_failing_process_stops_the_others_with_its_traceback():
+def test_a_failing_process_stops_the_others_with_its_traceback(multiprocess):
     start = time.monotonic()
-    with pytest.raises(MultiprocessError, match="deliberate failure in a child") as info:
-        run_processes("test_multiprocess:stuck_or_failing_worker", 2,
-                      kwargs={"fail_process": 1}, timeout_s=120)
-    assert not isinstance(info.value, MultiprocessTimeout)
+    with pytest.raises(multiprocess.MultiprocessError,
+                       match="deliberate failure in a child") as info:
+        multiprocess.run_processes("test_multiprocess:stuck_or_failing_worker", 2,
+                                   kwargs={"fail_process": 1}, timeout_s=120)
+    assert not isinstance(info.value, multiprocess.MultiprocessTimeout)
     assert time.monotonic() - start < 60  # did not wait for the timeout
     _assert_all_gone(info.value.pids)

@@ -16,16 +16,10 @@ does not rely on the collectives under test.
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 
 import numpy as np
 import pytest
 
-from multiprocess_harness import run_processes
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
 # Per run; each child gives up waiting for the others a few seconds earlier (the harness).
 RUN_TIMEOUT_S = 300
 # 1 process × 4 devices against 2 × 2: the same program up to the order of float reductions.
@@ -84,24 +78,24 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, multiprocess, data_dir):
     """Runs 1-3 of the module docstring: (2-process results, 1-process result, fresh restore
     result, 2-process workdir)."""
     root = tmp_path_factory.mktemp("mp_training")
     folders = {name: root / name for name in ("two", "two_out", "one", "one_out", "fresh_out")}
     for name in ("two_out", "one_out", "fresh_out"):
         folders[name].mkdir()
-    two = run_processes(
+    two = multiprocess.run_processes(
         "multiprocess_workers:training_worker", 2, devices_per_process=2,
-        kwargs=dict(data_dir=DATA_DIR, workdir=str(folders["two"]),
+        kwargs=dict(data_dir=data_dir, workdir=str(folders["two"]),
                     out_dir=str(folders["two_out"])),
         env=child_env(2), timeout_s=RUN_TIMEOUT_S)
-    [one] = run_processes(
+    [one] = multiprocess.run_processes(
         "multiprocess_workers:training_worker", 1, devices_per_process=4,
-        kwargs=dict(data_dir=DATA_DIR, workdir=str(folders["one"]),
+        kwargs=dict(data_dir=data_dir, workdir=str(folders["one"]),
                     out_dir=str(folders["one_out"])),
         env=child_env(4), timeout_s=RUN_TIMEOUT_S)
-    [fresh] = run_processes(
+    [fresh] = multiprocess.run_processes(
         "multiprocess_workers:restore_worker", 1, devices_per_process=1,
         kwargs=dict(workdir=str(folders["two"]), out_dir=str(folders["fresh_out"])),
         env=child_env(1), timeout_s=RUN_TIMEOUT_S)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import pathlib
 
 import pytest
 from ml_collections import ConfigDict
@@ -11,13 +9,11 @@ from ml_collections import ConfigDict
 from trip_jax import protocol
 from trip_jax.data import readers
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
 
 
 @pytest.fixture(scope="module")
-def dev():
-    return readers.load_split(DATA_DIR, "dev")
+def dev(data_dir):
+    return readers.load_split(data_dir, "dev")
 
 
 def plausible(pair):
@@ -54,8 +50,8 @@ def test_auto_protocol_follows_the_available_splits():
         protocol.resolve_protocol("dev", ["dev"])
 
 
-def test_splits_of_the_shared_data():
-    config = ConfigDict(dict(data_dir=DATA_DIR, format="", protocol="auto", holdout_fraction=0.2,
+def test_splits_of_the_shared_data(data_dir):
+    config = ConfigDict(dict(data_dir=data_dir, format="", protocol="auto", holdout_fraction=0.2,
                              holdout_seed=0, max_pairs=0))
     splits = protocol.load_protocol_splits(config)
     assert splits.protocol == "dev_train" and splits.selection_name == "dev_holdout"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -21,8 +20,6 @@ from ml_collections import ConfigDict
 
 from trip_jax import batch_contract, sharding
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = os.environ.get("TRIP_DATA_DIR") or str(REPO.parent / "shared" / "data" / "trip")
 STEPS = 3
 LAYOUTS = {"one_device": (1, 1), "data_parallel": (8, 1), "fsdp": (2, 4)}
 
@@ -67,12 +64,13 @@ def test_pad_rows_adds_rows_the_model_drops():
 def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     """Trains STEPS steps of the tiny config on each layout of LAYOUTS from the same
     initialisation; saves the FSDP parameters and restores them on one device."""
+    import dataclasses
     import itertools
 
     import jax
 
     from configs import tiny
-    from trip_jax import builders, checkpoints, losses, train
+    from trip_jax import builders, checkpoints, evaluate, input_pipeline, losses, train
 
     config = tiny.get_config()
     config.data.data_dir = data_dir
@@ -84,13 +82,14 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     config.model.tiered.update(dict(head_dropout=0.0, projection_dropout=0.0,
                                     detector_input_dropout=0.0, detector_dropout=0.0,
                                     conflict_dropout=0.0))
-    data = train.prepare_data(config)
+    data = input_pipeline.prepare_data(config)
     hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
     tx, schedule = train.make_optimizer(config.train, STEPS)
     loss_config = losses.LossConfig.from_mapping(config.loss)
     batches = itertools.chain.from_iterable(
-        train.batch_stream(data.train, config, 8, shuffle=True, epoch=e) for e in range(STEPS))
+        input_pipeline.batch_stream(data.train, data.layout, 8, shuffle=True,
+                                    seed=config.train.seed, epoch=e) for e in range(STEPS))
     local_batches = list(itertools.islice(batches, STEPS))
 
     runs, specs, meshes = {}, {}, {}
@@ -114,13 +113,13 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
         meshes[name] = (mesh, state)
 
     # The short-row group (data.short_seq_len) split over 8 devices predicts like one group.
-    short_config = config.copy_and_resolve_references()
-    short_config.data.short_seq_len = 8
-    short_local = next(iter(train.batch_stream(data.train, short_config, 8, shuffle=True,
-                                               epoch=0)))
+    short_layout = dataclasses.replace(data.layout, short_seq_len=8)
+    short_local = next(iter(input_pipeline.batch_stream(data.train, short_layout, 8,
+                                                        shuffle=True, seed=config.train.seed,
+                                                        epoch=0)))
     assert "short_input_ids" in short_local
     mesh, state = meshes["data_parallel"]
-    eval_step = train.make_eval_step(model, loss_config, mesh,
+    eval_step = evaluate.make_eval_step(model, loss_config, mesh,
                                      jax.tree.map(lambda x: x.sharding, state.params))
     one = eval_step(state.params, sharding.global_batch(local_batches[0], mesh))
     two = eval_step(state.params, sharding.global_batch(short_local, mesh))
@@ -155,16 +154,16 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     return result
 
 
-def test_data_parallel_and_fsdp_train_like_one_device(tmp_path):
+def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir):
     out = tmp_path / "result.json"
     code = ("import json, sys; from test_sharding import equivalence_worker; "
-            f"json.dump(equivalence_worker({DATA_DIR!r}, {str(tmp_path / 'ckpt')!r}), "
+            f"json.dump(equivalence_worker({data_dir!r}, {str(tmp_path / 'ckpt')!r}), "
             f"open({str(out)!r}, 'w'))")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
            "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
+           "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"),
                                           os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
