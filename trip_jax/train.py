@@ -75,8 +75,8 @@ def learning_rate_schedule(train_config, total_steps: int, lr: float | None = No
 
 def make_optimizer(train_config, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW with global-norm clipping (docs/reference.md, "Training"); returns (optimizer, the
-    encoder's lr schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
+    """AdamW, global-norm clipping (docs/reference.md "Training"); returns (optimizer, encoder lr
+    schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
     (state heads, projections, detector: trained from scratch) their own peak rate;
     ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
     schedule = learning_rate_schedule(train_config, total_steps)
