@@ -103,3 +103,10 @@ def test_main_exits_with_status_2_and_one_line(flag, expected, tmp_path):
         result.stderr)
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", sorted(
+    p.stem for p in (REPO / "configs").glob("*.py") if p.stem not in ("__init__", "base")))
+def test_every_config_file_passes_the_checks(name):
+    rest, values = parse(["trip_jax.main", f"--config=configs/{name}.py", "--workdir=/x"])
+    assert rest == ["trip_jax.main"] and values.config.train.learning_rate > 0

@@ -74,7 +74,6 @@ USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                evaluate.EvaluationError, predict.PredictionError)
 
 
-
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
     """Defines the command line's flags in ``values`` (tests pass a fresh FlagValues and the
     argv its config flag reads its overrides from; by default sys.argv)."""
@@ -96,6 +95,7 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
                         "WORKDIR/predict/<input stem>.jsonl).", flag_values=values)
     flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
+
 
 # Config keys with a fixed set of values, checked when the flags are parsed.
 CONFIG_CHOICES: dict[str, tuple] = {
