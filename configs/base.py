@@ -10,6 +10,7 @@ misspelt key is an error.
 
 import ml_collections
 
+from trip_jax.cli import unknown_choice
 from trip_jax.losses import LOSS_PRESETS
 
 DEFAULT_LOSS_PRESET = "omit_story"
@@ -19,8 +20,7 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
     """Returns the base configuration with the loss weights of ``loss_preset``."""
     loss_preset = loss_preset or DEFAULT_LOSS_PRESET
     if loss_preset not in LOSS_PRESETS:
-        raise ValueError(f"unknown loss preset {loss_preset!r}; expected one of "
-                         f"{sorted(LOSS_PRESETS)}")
+        raise ValueError(unknown_choice("loss preset", loss_preset, sorted(LOSS_PRESETS)))
     config = ml_collections.ConfigDict()
 
     config.data = ml_collections.ConfigDict()

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from typing import Any
 
 import jax
@@ -30,6 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from trip_jax import builders, sharding
+from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
 from trip_jax.models.tiered import TieredConfig
 
 LATEST = "latest"
@@ -101,25 +100,15 @@ def write_run_files(workdir: str, config, hf_config, tokenizer) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / CONFIG_FILE).write_text(config.to_json(indent=2) + "\n")
     (root / ENCODER_CONFIG_FILE).write_text(hf_config.to_json_string())
-    target = root / TOKENIZER_DIR
-    target.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        for name in os.listdir(tmp):
-            (target / name).write_bytes(epath.Path(tmp, name).read_bytes())
+    save_tokenizer(tokenizer, root / TOKENIZER_DIR)
 
 
 def load_tokenizer(workdir: str):
     """Loads the tokenizer a run saved in its workdir."""
-    from transformers import AutoTokenizer
-
     source = epath.Path(workdir) / TOKENIZER_DIR
     if not source.is_dir():
         raise CheckpointError(f"{source} is missing: the workdir has no saved tokenizer")
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in source.iterdir():
-            epath.Path(tmp, path.name).write_bytes(path.read_bytes())
-        return AutoTokenizer.from_pretrained(tmp)
+    return load_saved_tokenizer(source)
 
 
 def _manager(workdir: str, kind: str, *, keep: int | None = 1, async_save: bool = False,

@@ -13,8 +13,11 @@ first (``trip_jax.distributed``). Other modes, on a trained workdir:
 - ``--mode=random_baseline [--split=test]``: prints the random baseline's mean ± std over its
   seeds and writes ``DIR/eval/random_baseline.SPLIT.*`` (``trip_jax.random_baseline``).
 
-A missing, unreadable or mismatched checkpoint, missing data or spaCy model, or unusable input
-ends the run with a one-line ``error: ...`` message and exit status 1.
+A bad command line (unknown flag or config key, a value of the wrong type or outside its
+choices, a config file that does not load) is one ``error: ...`` line naming the closest valid
+spelling, with exit status 2, before any work starts (``trip_jax.cli``). A missing, unreadable or
+mismatched checkpoint, missing data or spaCy model, or unusable input ends the run with a
+one-line ``error: ...`` message and exit status 1.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trip_jax import (checkpoints, distributed, evaluate, input_pipeline, predict,
-                      random_baseline, runtime, train)
+from trip_jax import (builders, checkpoints, cli, distributed, evaluate, input_pipeline, predict,
+                      protocol, random_baseline, runtime, train)
+from trip_jax.data import features, readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
+from trip_jax.models import tiered
 
 FLAGS = flags.FLAGS
 
@@ -73,19 +78,58 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError)
 
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and reports.")
-flags.DEFINE_enum("mode", "train", list(MODES), "What to do with the config and workdir.")
-config_flags.DEFINE_config_file(
-    "config", None, "A config file (configs/*.py[:loss_preset]).", lock_config=True)
-flags.DEFINE_string("checkpoint", checkpoints.BEST_VERIFIABILITY,
-                    "evaluate/predict: the checkpoint to use: best_verifiability, best_accuracy, "
-                    "latest or a step number.")
-flags.DEFINE_string("split", "test", "evaluate/random_baseline: the split to score: test, the "
-                    "protocol's selection split (dev or dev_holdout) or train.")
-flags.DEFINE_string("input", None, "predict: JSON Lines file of story pairs.")
-flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
-                    "WORKDIR/predict/<input stem>.jsonl).")
-flags.mark_flags_as_required(["config", "workdir"])
+
+def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
+    """Defines the command line's flags in ``values`` (tests pass a fresh FlagValues and the
+    argv its config flag reads its overrides from; by default sys.argv)."""
+    flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and reports.",
+                        flag_values=values)
+    flags.DEFINE_enum("mode", "train", list(MODES), "What to do with the config and workdir.",
+                      flag_values=values)
+    config_flags.DEFINE_config_file(
+        "config", None, "A config file (configs/*.py[:loss_preset]).", flag_values=values,
+        lock_config=True, sys_argv=sys_argv)
+    flags.DEFINE_string("checkpoint", checkpoints.BEST_VERIFIABILITY,
+                        "evaluate/predict: the checkpoint to use: best_verifiability, "
+                        "best_accuracy, latest or a step number.", flag_values=values)
+    flags.DEFINE_string("split", "test", "evaluate/random_baseline: the split to score: test, "
+                        "the protocol's selection split (dev or dev_holdout) or train.",
+                        flag_values=values)
+    flags.DEFINE_string("input", None, "predict: JSON Lines file of story pairs.",
+                        flag_values=values)
+    flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
+                        "WORKDIR/predict/<input stem>.jsonl).", flag_values=values)
+    flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
+
+
+# Config keys with a fixed set of values, checked when the flags are parsed.
+CONFIG_CHOICES: dict[str, tuple] = {
+    "data.format": ("", *readers.FORMATS),
+    "data.protocol": protocol.PROTOCOLS,
+    "data.layout": features.LAYOUTS,
+    "model.dtype": tuple(builders.DTYPES),
+    "model.tiered.story_score": tiered.STORY_SCORES,
+    "train.schedule": train.SCHEDULES,
+    "train.prng_impl": runtime.PRNG_IMPLS,
+}
+# Every split name some protocol has (which ones a run has depends on its protocol).
+SPLIT_NAMES = (*readers.SPLITS, "dev_holdout")
+
+
+def check_flags(values: flags.FlagValues) -> None:
+    """Checks the flags that depend on each other or have a fixed set of values."""
+    which = values.checkpoint
+    if which not in checkpoints.KINDS and not which.isdigit():
+        raise cli.UsageError("--checkpoint: " + cli.unknown_choice(
+            "checkpoint", which, [*checkpoints.KINDS, "STEP"]))
+    if values.split not in SPLIT_NAMES:
+        raise cli.UsageError("--split: " + cli.unknown_choice("split", values.split, SPLIT_NAMES))
+    if values.mode == "predict" and not values.input:
+        raise cli.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
+
+
+define_flags()
+parse_flags = cli.flags_parser(FLAGS, config_choices=CONFIG_CHOICES, check=check_flags)
 
 
 class _QuietOrbax(std_logging.Filter):
@@ -96,9 +140,9 @@ class _QuietOrbax(std_logging.Filter):
 
 
 def main(argv) -> None:
-    """Joins a multi-process run if there is one, then runs the selected mode."""
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    """Joins a multi-process run if there is one, then runs the selected mode (the flags are
+    already parsed and checked by ``parse_flags``)."""
+    del argv  # parse_flags refuses extra arguments
     logging.get_absl_handler().addFilter(_QuietOrbax())
     distributed.initialize_distributed()
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
@@ -112,4 +156,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

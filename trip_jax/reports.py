@@ -11,18 +11,22 @@
 - ``SPLIT.predictions.jsonl`` when per-pair records are given (one JSON object a line).
 
 Plots use ``matplotlib.figure.Figure`` directly, never pyplot, so no global backend is touched.
+Every file goes through ``etils.epath``, so ``out_dir`` may be remote (``gs://...``); plots are
+rendered to bytes and written the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
-import pathlib
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+from etils import epath
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -31,16 +35,16 @@ from trip_jax import schema
 RIGHT, WRONG = "#4c9a5b", "#c8553d"
 
 
-def file_sha256(path: str | pathlib.Path) -> str:
+def file_sha256(path: epath.PathLike) -> str:
     """Returns the hex sha256 of a file's bytes."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with epath.Path(path).open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def data_file_hashes(paths: Iterable[str | pathlib.Path]) -> dict[str, str]:
+def data_file_hashes(paths: Iterable[epath.PathLike]) -> dict[str, str]:
     """Returns {path as given: sha256} for the data files an evaluation read."""
     return {str(path): file_sha256(path) for path in paths}
 
@@ -57,16 +61,16 @@ def to_jsonable(value: Any) -> Any:
         return int(value)
     if isinstance(value, (float, np.floating)):
         return float(value) if math.isfinite(value) else None
-    if isinstance(value, pathlib.Path):
-        return str(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
     return value
 
 
-def write_predictions(path: str | pathlib.Path,
-                      records: Iterable[Mapping[str, Any]]) -> pathlib.Path:
+def write_predictions(path: epath.PathLike,
+                      records: Iterable[Mapping[str, Any]]) -> epath.Path:
     """Writes one JSON object per line (e.g. ``metrics.outcome_record`` + an explanation)."""
-    path = pathlib.Path(path)
-    with open(path, "w") as f:
+    path = epath.Path(path)
+    with path.open("w") as f:
         for record in records:
             f.write(json.dumps(to_jsonable(record), allow_nan=False) + "\n")
     return path
@@ -127,8 +131,17 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     return "\n".join(lines) + "\n"
 
 
-def plot_failure_modes(metrics: Mapping[str, Any], path: str | pathlib.Path,
-                       title: str = "") -> pathlib.Path:
+def _save_png(fig: Figure, path: epath.PathLike) -> epath.Path:
+    """Renders ``fig`` as PNG bytes and writes them to ``path`` (local or remote)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    path = epath.Path(path)
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+def plot_failure_modes(metrics: Mapping[str, Any], path: epath.PathLike,
+                       title: str = "") -> epath.Path:
     """Draws Figure 3's breakdown as a sunburst: story (inner), conflict, states (outer ring)."""
     modes = metrics["failure_modes"]
     counts = np.array([m["count"] for m in modes], dtype=float)  # story, conflict, states order
@@ -152,12 +165,11 @@ def plot_failure_modes(metrics: Mapping[str, Any], path: str | pathlib.Path,
               title="inner: story · middle: conflict · outer: states", title_fontsize=8)
     ax.set_title(title or "Failure modes")
     ax.set_aspect("equal")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return pathlib.Path(path)
+    return _save_png(fig, path)
 
 
-def plot_attribute_f1(metrics: Mapping[str, Any], path: str | pathlib.Path,
-                      title: str = "") -> pathlib.Path:
+def plot_attribute_f1(metrics: Mapping[str, Any], path: epath.PathLike,
+                      title: str = "") -> epath.Path:
     """Draws Figure 5: per attribute, correct states in/out of detected conflicts, F1 as stars."""
     contribution = metrics["state_contribution"]
     attrs = list(schema.ATTRIBUTES)
@@ -181,19 +193,18 @@ def plot_attribute_f1(metrics: Mapping[str, Any], path: str | pathlib.Path,
     ax.set_ylabel("share of correct nontrivial states / F1")
     ax.set_title(title or "Correct states by attribute (numbers: count)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=8)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return pathlib.Path(path)
+    return _save_png(fig, path)
 
 
-def write_report(out_dir: str | pathlib.Path, split: str, metrics: Mapping[str, Any],
+def write_report(out_dir: epath.PathLike, split: str, metrics: Mapping[str, Any],
                  metadata: Mapping[str, Any] | None = None,
                  records: Iterable[Mapping[str, Any]] | None = None,
                  baselines: Mapping[str, Mapping[str, Any]] | None = None,
-                 stem: str | None = None) -> dict[str, pathlib.Path]:
+                 stem: str | None = None) -> dict[str, epath.Path]:
     """Writes the JSON, Markdown, plots and (if ``records``) predictions of one split.
 
     Args:
-      out_dir: directory to write into (created if missing).
+      out_dir: directory to write into (created if missing), local or remote.
       split: split name, used as the file stem (``test`` -> ``test.json`` ...).
       metrics: ``tiered_metrics(...)`` output.
       metadata: run facts stored in the JSON and shown in the Markdown, e.g. ``model``,
@@ -204,7 +215,7 @@ def write_report(out_dir: str | pathlib.Path, split: str, metrics: Mapping[str, 
 
     Returns {"json", "markdown", "failure_modes_plot", "attributes_plot"[, "predictions"]: path}.
     """
-    out = pathlib.Path(out_dir)
+    out = epath.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metadata = dict(metadata or {})
     stem = stem or split

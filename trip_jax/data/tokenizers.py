@@ -5,8 +5,13 @@
   is built from ``texts`` (lower-cased, split on whitespace and punctuation), with the sentence-pair
   template of BERT (``[CLS] a [SEP] b [SEP]`` plus token_type_ids) or RoBERTa
   (``<s> a </s></s> b </s>``). Tiny configs and tests use it: no network, no files.
-- a local directory holding a tokenizer (``tokenizer.json`` or vocab files), or a hub name such as
-  ``roberta-large`` (downloaded by transformers, or found in its cache).
+- a directory holding a tokenizer (``tokenizer.json`` or vocab files), local or remote
+  (``gs://...``), or a hub name such as ``roberta-large`` (downloaded by transformers, or found
+  in its cache).
+
+``save_tokenizer`` / ``load_saved_tokenizer`` write and read a tokenizer directory anywhere
+``etils.epath`` reaches (a run's ``WORKDIR/tokenizer``): transformers reads and writes only local
+directories, so remote ones are copied through a local temporary directory.
 
 ``tokenizer_info`` gives what the feature code needs besides the tokenizer itself: the template
 style, the pad id and whether token_type_ids carry information.
@@ -17,10 +22,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import tempfile
 from collections.abc import Iterable
 
+from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from trip_jax import paths
 
 WORD_LEVEL_PREFIX = "word_level:"
 STYLES: tuple[str, ...] = ("bert", "roberta")
@@ -62,8 +71,28 @@ def load_tokenizer(spec: str, texts: Iterable[str] | None = None, *,
     return _load_pretrained(spec, local_files_only=local_files_only)
 
 
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: epath.PathLike) -> None:
+    """Writes ``tokenizer`` (``save_pretrained``) into ``directory``, local or remote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        paths.copy_tree(tmp, directory)
+
+
+def load_saved_tokenizer(directory: epath.PathLike) -> PreTrainedTokenizerFast:
+    """Loads the tokenizer saved in ``directory`` (local or remote) by ``save_tokenizer``."""
+    if paths.is_local(directory):
+        return AutoTokenizer.from_pretrained(os.fspath(directory), use_fast=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths.copy_tree(directory, tmp)
+        return AutoTokenizer.from_pretrained(tmp, use_fast=True)
+
+
 def _load_pretrained(spec: str, *, local_files_only: bool) -> PreTrainedTokenizerFast:
-    """Loads a Hugging Face fast tokenizer from a local directory or the hub, with clear errors."""
+    """Loads a Hugging Face fast tokenizer from a directory or the hub, with clear errors."""
+    if not paths.is_local(spec):
+        if not epath.Path(spec).is_dir():
+            raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist")
+        return load_saved_tokenizer(spec)
     looks_like_path = spec.startswith(("/", "./", "../", "~")) or os.path.isdir(spec)
     path = os.path.expanduser(spec)
     if looks_like_path and not os.path.isdir(path):

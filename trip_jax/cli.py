@@ -1,0 +1,224 @@
+"""Command-line parsing for ``trip_jax.main``: every mistake in the flags is one line, exit 2.
+
+absl and ml_collections report a bad command line in several ways: a FATAL message with a
+usage hint (unknown flag, bad value), a Python traceback (misspelt config key, a config file
+that raises), or nothing until the config is first used (a config file that does not exist).
+``flags_parser(...)`` returns a parser for ``absl.app.run(main, flags_parser=...)`` that parses
+the flags, loads the config, checks the choice-valued config keys, and turns any of those
+failures into one line on stderr naming the key and its closest valid spelling:
+
+    error: unknown config key --config.train.learnin_rate; did you mean --config.train.learning_rate?
+
+followed by exit status 2 (the usual status of a command-line usage error).
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+from absl import flags
+from ml_collections.config_flags import config_flags as config_flags_lib
+
+USAGE_EXIT_CODE = 2
+
+
+class UsageError(Exception):
+    """A mistake on the command line; its message is the one line shown to the user."""
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice most similar to ``word`` (difflib), or None when none is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_choice(what: str, value: Any, choices: Iterable[Any]) -> str:
+    """One line: ``unknown WHAT 'VALUE'; did you mean 'X'? (choices: ...)``."""
+    choices = list(choices)
+    suggestion = closest(str(value), [str(c) for c in choices])
+    hint = f"; did you mean {suggestion!r}?" if suggestion is not None else ""
+    return f"unknown {what} {value!r}{hint} (choices: {', '.join(repr(c) for c in choices)})"
+
+
+def config_values(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+    """Every key of ``config`` (sections included) by dotted path, e.g. ``train.seed``."""
+    out = {}
+    for key, value in config.items():
+        out[prefix + key] = value
+        if isinstance(value, ml_collections.ConfigDict):
+            out.update(config_values(value, f"{prefix}{key}."))
+    return out
+
+
+def _flag_argument(argv: Sequence[str], name: str) -> str | None:
+    """The value given to ``--name`` in ``argv`` (``--name=V`` or ``--name V``; last wins)."""
+    value = None
+    for i, arg in enumerate(argv):
+        match = re.fullmatch(rf"--?{re.escape(name)}(=(.*))?", arg, flags=re.DOTALL)
+        if match:
+            value = match.group(2) if match.group(1) else (argv[i + 1] if i + 1 < len(argv)
+                                                           else None)
+    return value
+
+
+def _override_keys(argv: Sequence[str], name: str) -> list[str]:
+    """The config keys overridden in ``argv``: ``--NAME.a.b=V`` or ``--noNAME.a.b`` -> a.b."""
+    keys = []
+    for arg in argv:
+        match = re.match(rf"--?(?:no)?{re.escape(name)}\.([^=]+)", arg)
+        if match:
+            keys.append(match.group(1))
+    return keys
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of ``text`` (an exception message that embeds a traceback)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _config_file_error(argument: str, err: BaseException) -> str:
+    """One line describing why the config file ``argument`` (PATH[:ARG]) did not load."""
+    path = argument.split(":", 1)[0]
+    if not os.path.isfile(path):
+        siblings = glob.glob(os.path.join(os.path.dirname(path), "*.py"))
+        suggestion = closest(path, siblings)
+        hint = f"; did you mean --config={suggestion}?" if suggestion else ""
+        return f"config file {path} does not exist{hint}"
+    message = _last_line(err)
+    # ml_collections wraps a ValueError/TypeError of get_config in a message holding its
+    # traceback; the last line is the original "ValueError: ..." line.
+    message = re.sub(r"^(ValueError|TypeError|OSError): ", "", message) or type(err).__name__
+    if not isinstance(err, (ValueError, TypeError, OSError)):
+        where = [f for f in traceback.extract_tb(err.__traceback__)
+                 if os.path.abspath(f.filename) == os.path.abspath(path)]
+        location = f" (line {where[-1].lineno})" if where else ""
+        message = f"{type(err).__name__}: {message}{location}"
+    return f"--config={argument}: {message}"
+
+
+def load_config_file(argument: str, name: str = "config") -> ml_collections.ConfigDict:
+    """Loads ``PATH[:ARG]`` as ``DEFINE_config_file`` does; UsageError if it cannot."""
+    parser = config_flags_lib.ConfigFileFlagParser(name=name, lock_config=False)
+    try:
+        config = parser.parse(argument)
+        config_values(config)  # a file that failed to load raises on first access
+    except Exception as err:  # anything a user's config file raises is reported in one line
+        raise UsageError(_config_file_error(argument, err)) from err
+    return config
+
+
+def check_config_keys(config: ml_collections.ConfigDict, keys: Iterable[str],
+                      name: str = "config") -> None:
+    """UsageError for the first of ``keys`` that is not a key of ``config``."""
+    known = config_values(config)
+    for key in keys:
+        if key not in known:
+            suggestion = closest(key, known)
+            hint = f"; did you mean --{name}.{suggestion}?" if suggestion else ""
+            raise UsageError(f"unknown config key --{name}.{key}{hint}")
+
+
+def check_config_choices(config: ml_collections.ConfigDict,
+                         choices: Mapping[str, Iterable[Any]]) -> None:
+    """UsageError when a choice-valued key (``choices``: dotted key -> allowed values) holds
+    another value."""
+    values = config_values(config)
+    for key, allowed in choices.items():
+        allowed = tuple(allowed)
+        if key in values and values[key] not in allowed:
+            raise UsageError(f"config key {key}: " + unknown_choice("value", values[key], allowed))
+
+
+def _flag_error(err: flags.Error, flag_values: flags.FlagValues, config: Any,
+                config_flag: str) -> str:
+    """One line for an absl error about a single flag."""
+    if isinstance(err, flags.UnrecognizedFlagError):
+        # Also offer the config keys: --learning_rate probably meant --config.train....
+        candidates = list(flag_values)
+        if isinstance(config, ml_collections.ConfigDict):
+            candidates += [f"{config_flag}.{k}" for k in config_values(config)]
+        suggestion = closest(err.flagname, candidates)
+        hint = f"; did you mean --{suggestion}?" if suggestion else " (see --helpfull)"
+        return f"unknown flag --{err.flagname}{hint}"
+    text = str(err)
+    match = re.match(r"flag --([^=]+)=(.*?): (.*)", text, flags=re.DOTALL)
+    if not match:
+        return _last_line(text)
+    flag_name, value, reason = match.groups()
+    if "must have a value other than None" in reason:
+        return f"--{flag_name} is required"
+    flag = flag_values[flag_name] if flag_name in flag_values else None
+    enum_values = getattr(getattr(flag, "parser", None), "enum_values", None)
+    if enum_values:
+        return f"--{flag_name}: " + unknown_choice("value", value, enum_values)
+    if flag_name.startswith(config_flag + ".") and isinstance(config, ml_collections.ConfigDict):
+        key = flag_name[len(config_flag) + 1:]
+        default = config_values(config).get(key)
+        kind = type(default).__name__
+        article = "an" if kind[:1] in "aeiou" else "a"
+        return (f"bad value for --{flag_name}: {value!r} ({_last_line(reason)}; {key} takes "
+                f"{article} {kind}, default {default!r})")
+    return f"bad value for --{flag_name}: {value!r} ({_last_line(reason)})"
+
+
+def describe_parse_error(err: Exception, argv: Sequence[str], flag_values: flags.FlagValues,
+                         config_flag: str = "config") -> str | None:
+    """One line explaining why parsing ``argv`` raised ``err``; None if it is not a usage
+    error (a bug, whose traceback should be seen)."""
+    config = None
+    argument = _flag_argument(argv[1:], config_flag)
+    try:
+        if argument is not None:
+            # Load the config afresh: a bad file or argument is the cause of everything else.
+            config = load_config_file(argument, config_flag)
+            check_config_keys(config, _override_keys(argv[1:], config_flag), config_flag)
+    except UsageError as usage:
+        return str(usage)
+    if isinstance(err, flags.Error):
+        return _flag_error(err, flag_values, config, config_flag)
+    return None
+
+
+def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: str = "config",
+                 config_choices: Mapping[str, Iterable[Any]] | None = None,
+                 check: Callable[[flags.FlagValues], None] | None = None,
+                 ) -> Callable[[list[str]], list[str]]:
+    """A ``flags_parser`` for ``absl.app.run``: parses ``argv`` into ``flag_values``, loads the
+    config, checks ``config_choices`` and then ``check(flag_values)`` (which may raise
+    UsageError); any usage error is one ``error: ...`` line on stderr and exit status 2."""
+
+    def parse(argv: list[str]) -> list[str]:
+        try:
+            try:
+                rest = flag_values(argv)
+                config = flag_values[config_flag].value
+                if config is not None:
+                    config_values(config)  # a config file that failed to load raises here
+            except UsageError:
+                raise
+            except Exception as err:  # absl, ml_collections and config files raise many types
+                message = describe_parse_error(err, argv, flag_values, config_flag)
+                if message is None:
+                    raise
+                raise UsageError(message) from err
+            if len(rest) > 1:
+                raise UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
+            if config is not None:
+                check_config_choices(config, config_choices or {})
+            if check is not None:
+                check(flag_values)
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(USAGE_EXIT_CODE)
+        return rest
+
+    return parse

@@ -1,0 +1,100 @@
+"""Workdir files through one path layer, ``etils.epath``, so a workdir may be ``gs://...``.
+
+``epath.Path`` reads and writes local paths with the os module and ``gs://`` (``s3://``, ...)
+paths with TensorFlow's gfile when TensorFlow is installed, else with fsspec (``gcsfs`` for
+GCS: ``pip install gcsfs``). Object stores cannot append to a file, and gcsfs turns append mode
+into overwrite mode with only a warning, so appending goes through ``append_text`` here, and
+TensorBoard event files through ``summary_writer``. Orbax checkpoints take ``gs://``
+directories natively (tensorstore) and need nothing from here.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+from etils import epath
+
+# tensorboardX writes events itself to local paths and to these prefixes through
+# ``register_writer_factory``; ours sends ``gs://`` through epath too (tensorboardX's own needs
+# google-cloud-storage and its separate credentials).
+_TENSORBOARD_SCHEMES = ("gs",)
+
+
+def is_local(path: epath.PathLike) -> bool:
+    """True for a path of the local file system (no ``scheme://`` prefix)."""
+    return "://" not in os.fspath(path)
+
+
+def append_text(path: epath.PathLike, text: str) -> None:
+    """Appends ``text`` to the file ``path`` (created if missing).
+
+    Locally a real append; on an object store the file is read and written back whole, as
+    objects cannot be appended to (fine for the small JSON Lines logs of a run).
+    """
+    path = epath.Path(path)
+    if is_local(path):
+        with path.open("a") as f:
+            f.write(text)
+        return
+    old = path.read_text() if path.exists() else ""
+    path.write_text(old + text)
+
+
+class _EpathRecordWriter:
+    """A tensorboardX record writer that keeps the event file in memory and writes it whole
+    through epath on every flush (object stores have no append; tensorboardX's own GCS writer
+    does the same)."""
+
+    def __init__(self, path: str):
+        self._path = epath.Path(path)
+        self._buffer = io.BytesIO()
+
+    def write(self, data: bytes) -> None:
+        """Adds ``data`` to the event file."""
+        self._buffer.write(data)
+
+    def flush(self) -> None:
+        """Writes the whole event file to its path."""
+        self._path.write_bytes(self._buffer.getvalue())
+
+    def close(self) -> None:
+        """Writes the event file a last time."""
+        self.flush()
+
+
+class _EpathRecordWriterFactory:
+    """tensorboardX's writer-factory interface over epath."""
+
+    def open(self, path: str) -> _EpathRecordWriter:
+        """A writer of the event file ``path``."""
+        return _EpathRecordWriter(path)
+
+    def directory_check(self, path: str) -> None:
+        """Creates the log directory (a no-op on object stores, where directories are implied)."""
+        epath.Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def summary_writer(logdir: epath.PathLike):
+    """A ``tensorboardX.SummaryWriter`` for ``logdir``, local or ``gs://``."""
+    import tensorboardX
+    from tensorboardX import record_writer
+
+    for scheme in _TENSORBOARD_SCHEMES:
+        if not isinstance(record_writer.REGISTERED_FACTORIES.get(scheme),
+                          _EpathRecordWriterFactory):
+            record_writer.register_writer_factory(scheme, _EpathRecordWriterFactory())
+    return tensorboardX.SummaryWriter(os.fspath(logdir))
+
+
+def copy_tree(source: epath.PathLike, target: epath.PathLike) -> None:
+    """Copies the files of directory ``source`` (recursively) into ``target``, each side local
+    or remote: how libraries that only write local directories (Hugging Face
+    ``save_pretrained``) reach a remote workdir and back."""
+    source, target = epath.Path(source), epath.Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.iterdir()):
+        if path.is_dir():
+            copy_tree(path, target / path.name)
+        else:
+            (target / path.name).write_bytes(path.read_bytes())
