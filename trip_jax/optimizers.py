@@ -100,7 +100,7 @@ def torch_clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 
     def update(updates, state, params=None):
         del params
-        norm = optax.global_norm(updates)
+        norm = optax.tree.norm(updates)
         scale = jnp.minimum(1.0, max_norm / (norm + TORCH_CLIP_EPS))
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 
