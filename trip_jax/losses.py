@@ -1,4 +1,4 @@
-"""The tiered training loss L = λp·Lp + λf·Lf + λc·Lc + λs·Ls (DESIGN.md §2).
+"""The tiered training loss L = λp·Lp + λf·Lf + λc·Lc + λs·Ls (docs/reference.md).
 
 Lp / Lf: cross-entropy of each attribute head averaged over rows, summed over the attributes and
 divided by their number. Lc: binary cross-entropy over (story, entity, sentence) rows. Ls:

@@ -14,7 +14,8 @@ The rule, exactly:
 4. Shapes are chosen from the whole global batch so that every process builds the same shapes:
    E = buckets.entities(largest story) unless ``num_entities`` fixes it (the reference's padding
    to the data's largest entity count: ``features.max_entities``), T = buckets.tokens(longest
-   row) unless ``seq_len`` fixes it, packed R = buckets.rows(most real rows in any process's slice); dense R = L*2*E*S.
+   row) unless ``seq_len`` fixes it, packed R = buckets.rows(most real rows in any process's
+   slice); dense R = L*2*E*S.
    With ``short_seq_len`` (packed only) rows of at most that many tokens form a second group of
    R_short = buckets.rows(most such rows in any slice) rows, and R counts the other rows the
    same way; a group that no slice needs has 0 rows.

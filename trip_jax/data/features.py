@@ -1,7 +1,7 @@
 """Features: typed story pairs -> tokenized rows -> Batch arrays (the Batch contract).
 
 One encoder row per (story, entity, sentence): the tokenizer's sentence-pair encoding with the
-entity first and the sentence second (DESIGN.md §2). ``encode_pairs`` tokenizes every distinct
+entity first and the sentence second (docs/reference.md). ``encode_pairs`` tokenizes every distinct
 (entity, sentence) text once and keeps each row's tokens unpadded, so the token length T is chosen
 later, per batch, from the data. Rows are never cut silently: ``truncation_report`` says how many
 rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a warning with that count.

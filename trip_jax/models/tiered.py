@@ -1,8 +1,9 @@
 """The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
 
-Reference semantics: ``shared/DESIGN.md`` §2. The model reads the Batch-contract arrays (packed or
-dense rows) and returns the Model output contract (``/tmp/CONTRACTS.md``); every architecture
-number is a ``TieredConfig`` field whose default is the reference value.
+Reference semantics: ``docs/reference.md``; the settings that reproduce the original step exactly:
+``docs/exact-mode.md``. The model reads the Batch-contract arrays (packed or dense rows) and
+returns the model outputs listed in ``TieredModel.__call__``; every architecture number is a
+``TieredConfig`` field whose default is the reference value.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ LEGACY_MASK_BIAS = -10000.0
 
 @dataclasses.dataclass(frozen=True)
 class TieredConfig:
-    """Architecture of the tiered model; defaults are the reference's (DESIGN.md §2).
+    """Architecture of the tiered model; defaults are the reference's (docs/reference.md).
 
     The detector width d_model is ``embedding_projection + state_projection`` (256 + 256 = 512).
     ``detector_padding_mask`` masks padded sentences as attention keys and zeroes their detector
@@ -287,7 +288,7 @@ class ConflictDetector(nn.Module):
 
 
 class TieredModel(nn.Module):
-    """The tiered reasoning model of DESIGN.md §2 over Batch-contract arrays.
+    """The tiered reasoning model (docs/reference.md) over Batch-contract arrays.
 
     ``encoder`` is a module following the encoder contract (see ``build_tiered_model`` to build
     it from a Hugging Face config); its parameters live under ``params["encoder"]``.
