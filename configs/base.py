@@ -1,10 +1,23 @@
 """Every key the trainer reads, with the reference (paper) values; model files start from here.
 
 Not run directly: ``roberta.py``, ``bert.py``, ``deberta.py``, ``minilm.py`` and ``tiny.py`` call
-``get_config()`` and change the encoder and its learning rate. The optional config argument
-(``--config=configs/roberta.py:omit_conflict``) picks a loss row of the paper's Table 2:
-``omit_story`` (default, the paper's best), ``all``, ``omit_conflict`` or ``omit_states``.
-Any key can be overridden on the command line (``--config.train.learning_rate=2e-5``); a
+``get_config()`` and change the encoder and its learning rate.
+
+The optional config argument is a comma-separated list of at most one mode and at most one loss
+preset, in any order: ``--config=configs/roberta.py:clean,omit_conflict``.
+- Mode (``REFERENCE_MODES``): ``exact`` sets every key in which the original implementation's
+  training step differs from the cleaned-up one to the original's (padding cells fed the
+  encoder's vector of an all-zero, fully masked row; unmasked detector and losses; entities
+  padded to the data's largest count; token type ids all 0; transformers.AdamW; rows cut at 16
+  tokens, with a report); ``clean`` sets them to the cleaned-up variant (padding cells zero and
+  masked out of the detector and the losses, entities bucketed per batch, the tokenizer's
+  segment type ids, optax AdamW, no cut). The paper configs (roberta, bert, deberta) default to
+  ``exact``, minilm and tiny to ``clean``. ``docs/exact-mode.md`` lists every key and its
+  measured effect; each key can also be set alone.
+- Loss preset: a loss row of the paper's Table 2: ``omit_story`` (default, the paper's best),
+  ``all``, ``omit_conflict`` or ``omit_states``.
+Any key can be overridden on the command line (``--config.train.learning_rate=2e-5``, also
+after a mode: ``:exact --config.data.token_types=segments`` studies one difference alone); a
 misspelt key is an error.
 """
 
@@ -15,12 +28,80 @@ from trip_jax.losses import LOSS_PRESETS
 
 DEFAULT_LOSS_PRESET = "omit_story"
 
+# The keys in which the original implementation's step differs from the cleaned-up variant,
+# with each mode's values (docs/exact-mode.md: what each one does and its measured effect).
+REFERENCE_MODES: dict[str, dict[str, object]] = {
+    "exact": {
+        "model.tiered.padding_rows": "encoded",
+        "model.tiered.detector_padding_mask": False,
+        "loss.mask_padding_in_losses": False,
+        "data.entity_padding": "data_max",
+        "data.token_types": "zeros",
+        "train.optimizer": "hf_adamw",
+        "data.max_length": 16,
+    },
+    "clean": {
+        "model.tiered.padding_rows": "zero",
+        "model.tiered.detector_padding_mask": True,
+        "loss.mask_padding_in_losses": True,
+        "data.entity_padding": "bucket",
+        "data.token_types": "segments",
+        "train.optimizer": "adamw",
+        "data.max_length": 0,
+    },
+}
 
-def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
-    """Returns the base configuration with the loss weights of ``loss_preset``."""
-    loss_preset = loss_preset or DEFAULT_LOSS_PRESET
-    if loss_preset not in LOSS_PRESETS:
-        raise ValueError(unknown_choice("loss preset", loss_preset, sorted(LOSS_PRESETS)))
+
+def parse_argument(argument: str | None, default_mode: str) -> tuple[str, str]:
+    """Splits the config argument ("exact", "all", "clean,omit_conflict", ...) into
+    (mode, loss preset), filling in ``default_mode`` and the default loss preset."""
+    mode, preset = None, None
+    for token in filter(None, (t.strip() for t in (argument or "").split(","))):
+        if token not in REFERENCE_MODES and token not in LOSS_PRESETS:
+            # "loss preset" first: most arguments name one (modes and presets combine with ",").
+            raise ValueError(unknown_choice("loss preset or mode", token,
+                                            [*sorted(LOSS_PRESETS), *REFERENCE_MODES]))
+        if (mode if token in REFERENCE_MODES else preset) is not None:
+            raise ValueError(f"config argument {argument!r} names two "
+                             f"{'modes' if token in REFERENCE_MODES else 'loss presets'}")
+        if token in REFERENCE_MODES:
+            mode = token
+        else:
+            preset = token
+    return mode or default_mode, preset or DEFAULT_LOSS_PRESET
+
+
+def apply_reference_mode(config: ml_collections.ConfigDict, mode: str) -> None:
+    """Sets every key of ``REFERENCE_MODES[mode]`` in ``config``."""
+    if mode not in REFERENCE_MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(REFERENCE_MODES)}")
+    for dotted, value in REFERENCE_MODES[mode].items():
+        *parents, key = dotted.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[key] = value
+
+
+def reference_mode(config: ml_collections.ConfigDict) -> str:
+    """The mode whose every key ``config`` has ("exact", "clean"), else "mixed"."""
+    def get(dotted):
+        node = config
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    for mode, values in REFERENCE_MODES.items():
+        if all(get(k) == v for k, v in values.items()):
+            return mode
+    return "mixed"
+
+
+def get_config(argument: str | None = None, *, default_mode: str = "clean"
+               ) -> ml_collections.ConfigDict:
+    """Returns the base configuration for a config argument (module docstring: mode and loss
+    preset); ``default_mode`` applies when the argument names no mode."""
+    mode, loss_preset = parse_argument(argument, default_mode)
     config = ml_collections.ConfigDict()
 
     config.data = ml_collections.ConfigDict()
@@ -34,6 +115,11 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
     config.data.max_pairs = 0         # use only the first N pairs of each split (0: all)
     config.data.max_sentences = 7     # S
     config.data.max_length = 0        # cut rows longer than this, with a report (0: never cut)
+    # "bucket": E per batch from data.buckets; "data_max": every batch padded to the largest
+    # entity count of the data (the reference; only the losses' denominators change).
+    config.data.entity_padding = "bucket"
+    # "segments": the tokenizer's token type ids; "zeros": all 0 (the reference).
+    config.data.token_types = "segments"
     config.data.seq_len = 0           # fixed T for every batch (0: bucketed per batch)
     config.data.layout = "packed"     # "packed" (real rows only) | "dense" (the reference's)
     # Packed layout: rows of at most this many tokens are encoded as a second group padded only
@@ -66,7 +152,11 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
         conflict_dropout=0.1,
         story_score="sum",  # "max": a story's strongest conflict belief (not the reference)
         state_transitions=False,  # True: contradicting-state evidence into the detector
-        transitions_init_weight=2.0))  # start of its direct path onto the conflict logits
+        transitions_init_weight=2.0,  # start of its direct path onto the conflict logits
+        # What padding cells feed the heads: "zero" | "encoded" (the reference: the encoder's
+        # vector of a row of padding_row_length zeros, fully masked, computed once per step,
+        # masked as transformers 4.11 did: "legacy"; "masked": the encoder's own masking).
+        padding_rows="zero", padding_row_length=16, padding_row_attention="legacy"))
 
     pre, eff, conflict, story = LOSS_PRESETS[loss_preset]
     config.loss = ml_collections.ConfigDict(dict(
@@ -75,6 +165,9 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
         conflict_positive_weight=1.0))  # > 1 weights positive conflict labels (reference: 1)
 
     config.train = ml_collections.ConfigDict()
+    # "adamw" (optax) | "hf_adamw" (transformers.AdamW, eps added before the bias correction,
+    # and torch's gradient clipping: the reference's).
+    config.train.optimizer = "adamw"
     config.train.learning_rate = 1e-5   # AdamW (docs/reference.md, "Training")
     # Peak rate of the parameters outside the encoder (heads, detector); 0: learning_rate, as
     # the reference.
@@ -111,4 +204,5 @@ def get_config(loss_preset: str | None = None) -> ml_collections.ConfigDict:
     # Device mesh: "data" splits the batch, "fsdp" shards large parameters (and the batch too).
     # -1: all devices not used by the other axis.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, fsdp_min_size=2 ** 18))
+    apply_reference_mode(config, mode)
     return config

@@ -31,6 +31,9 @@ commands in full):
       --config.train.schedule=warmup_cosine --config.train.batch_size=4
 
 (Both also ran with --config.train.prng_impl=rbg and a compilation cache.)
+
+Runs the clean mode (the settings of the runs above); ``configs/minilm.py:exact`` switches to
+the original implementation's step (docs/exact-mode.md), e.g. ``:exact,all``.
 """
 
 import importlib.util
@@ -50,9 +53,10 @@ def model_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "model")
 
 
-def get_config(loss_preset: str | None = None):
-    """Returns the MiniLM-L6 CPU configuration (argument: a Table 2 loss preset)."""
-    config = base.get_config(loss_preset)
+def get_config(argument: str | None = None):
+    """Returns the MiniLM-L6 CPU configuration (argument: mode and/or Table 2 loss preset,
+    configs/base.py; default mode clean)."""
+    config = base.get_config(argument, default_mode="clean")
     config.model.encoder = model_dir()
     config.train.learning_rate = 5e-5   # the BERT-family rate of the paper
     config.train.eval_batch_size = 16

@@ -9,15 +9,17 @@ Command (from the repository root, TRIP_DATA_DIR pointing at the data):
   python -m trip_jax.main --config=configs/tiny.py --workdir=/tmp/trip_tiny
 
 Expected result: a finished run with reports/test.md; the scores are those of an untrained model
-(near the random baseline) and mean nothing.
+(near the random baseline) and mean nothing. ``configs/tiny.py:exact`` runs the same loop in the
+exact reference mode (docs/exact-mode.md).
 """
 
 from configs import base
 
 
-def get_config(loss_preset: str | None = None):
-    """Returns the tiny configuration (argument: a Table 2 loss preset)."""
-    config = base.get_config(loss_preset)
+def get_config(argument: str | None = None):
+    """Returns the tiny configuration (argument: mode and/or Table 2 loss preset,
+    configs/base.py; default mode clean)."""
+    config = base.get_config(argument, default_mode="clean")
     config.data.max_pairs = 8
     config.data.holdout_fraction = 0.25
     # One encoder input shape for every batch: a single compilation per step function.

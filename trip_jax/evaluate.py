@@ -46,7 +46,7 @@ from absl import logging
 from etils import epath
 
 from trip_jax import (batch_contract, checkpoints, explain, input_pipeline, losses, metrics,
-                      random_baseline, reports, sharding)
+                      protocol, random_baseline, reports, sharding)
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.types import StoryPair
 from trip_jax.input_pipeline import Layout
@@ -168,10 +168,16 @@ class Evaluator:
 
     @classmethod
     def for_checkpoint(cls, restored: checkpoints.EvalModel, pairs: Sequence[StoryPair],
-                       config: ml_collections.ConfigDict, **kwargs) -> "Evaluator":
+                       config: ml_collections.ConfigDict, *,
+                       splits: protocol.ProtocolSplits | None = None,
+                       **kwargs) -> "Evaluator":
         """An evaluator of a restored model on ``pairs``, encoded with its tokenizer and batched
-        as ``config`` says."""
+        as ``config`` says; ``splits`` (the protocol's) fix E when ``data.entity_padding`` is
+        "data_max" (without them E is bucketed: the predictions are the same, the unmasked
+        losses are not)."""
         layout = Layout.from_config(config.data)
+        if splits is not None:
+            layout = layout.for_splits(splits)
         return cls(checkpoint_eval_step(restored), pairs,
                    input_pipeline.encode(pairs, restored.tokenizer, layout), layout,
                    config.train.eval_batch_size, restored.mesh, **kwargs)
@@ -294,7 +300,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.Pat
     if restored.meta.get("protocol") not in (None, splits.protocol):
         logging.warning("the checkpoint was selected under protocol %s; scoring under %s",
                         restored.meta["protocol"], splits.protocol)
-    evaluator = Evaluator.for_checkpoint(restored, pairs, config, explain=True,
+    evaluator = Evaluator.for_checkpoint(restored, pairs, config, splits=splits, explain=True,
                                          progress=progress, desc=split)
     evaluation = evaluator.run(restored.params)
     scores = evaluation.scores

@@ -43,6 +43,10 @@ class Layout:
     seq_len: fixed T of every batch (None: bucketed per batch).
     short_seq_len: rows of at most this many tokens form a second row group (None: one group).
     buckets: rounding of E, T and R to few shapes.
+    token_types: "segments" (the tokenizer's type ids) or "zeros" (the reference's).
+    entity_padding: "bucket" (E rounded per batch) or "data_max" (every story padded to the
+      data's largest entity count, as the reference; ``for_splits`` fills in that count).
+    num_entities: the fixed E of every batch (None: bucketed per batch).
     """
 
     max_sentences: int = features.DEFAULT_MAX_SENTENCES
@@ -51,6 +55,9 @@ class Layout:
     seq_len: int | None = None
     short_seq_len: int | None = None
     buckets: Buckets = Buckets()
+    token_types: str = "segments"
+    entity_padding: str = "bucket"
+    num_entities: int | None = None
 
     @classmethod
     def from_config(cls, data_config) -> "Layout":
@@ -60,7 +67,24 @@ class Layout:
                    layout=data_config.layout,
                    seq_len=data_config.seq_len or None,
                    short_seq_len=data_config.short_seq_len or None,
-                   buckets=Buckets(**data_config.buckets))
+                   buckets=Buckets(**data_config.buckets),
+                   # .get: configs saved before these keys existed had the "clean" values.
+                   token_types=data_config.get("token_types", "segments"),
+                   entity_padding=data_config.get("entity_padding", "bucket"))
+
+    def for_splits(self, splits: protocol.ProtocolSplits) -> "Layout":
+        """This layout with E fixed to the largest entity count of the protocol's three splits
+        when ``entity_padding`` is "data_max" (so training, selection and test, and every
+        process, pad alike); unchanged for "bucket"."""
+        if self.entity_padding == "bucket":
+            return self
+        if self.entity_padding != "data_max":
+            raise ValueError(f"unknown data.entity_padding {self.entity_padding!r}; expected "
+                             "'bucket' or 'data_max'")
+        stories = [story for pairs in (splits.train, splits.selection, splits.test)
+                   for pair in pairs for story in pair.stories]
+        return dataclasses.replace(
+            self, num_entities=max((story.num_entities for story in stories), default=1))
 
 
 @dataclasses.dataclass
@@ -78,7 +102,7 @@ class RunData:
 def encode(pairs: Sequence[StoryPair], tokenizer, layout: Layout) -> list[EncodedPair]:
     """Tokenizes every (story, entity, sentence) row of ``pairs`` (``features.encode_pairs``)."""
     return features.encode_pairs(pairs, tokenizer, max_sentences=layout.max_sentences,
-                                 max_length=layout.max_length)
+                                 max_length=layout.max_length, token_types=layout.token_types)
 
 
 def load_splits(data_config) -> protocol.ProtocolSplits:
@@ -95,7 +119,7 @@ def prepare_data(config) -> RunData:
             raise ValueError(f"protocol {splits.protocol}: the {name} split is empty")
     everything = splits.train + splits.selection + splits.test
     tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(everything))
-    layout = Layout.from_config(config.data)
+    layout = Layout.from_config(config.data).for_splits(splits)
     return RunData(splits, tokenizer, layout, encode(splits.train, tokenizer, layout),
                    encode(splits.selection, tokenizer, layout),
                    encode(splits.test, tokenizer, layout))
@@ -110,7 +134,7 @@ def batch_stream(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int
         encoded, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, layout=layout.layout,
         process_index=jax.process_index(), process_count=jax.process_count(),
         buckets=layout.buckets, seq_len=layout.seq_len, max_sentences=layout.max_sentences,
-        short_seq_len=layout.short_seq_len)
+        short_seq_len=layout.short_seq_len, num_entities=layout.num_entities)
 
 
 def num_batches(num_pairs: int, batch_size: int) -> int:

@@ -6,7 +6,11 @@ cross-entropy of the two story scores against the label. Padding pairs never cou
 ``mask_padding_in_losses`` (default) padded (entity, sentence) rows of real pairs do not count
 either. With it off, padded rows count as the reference counted them: in every mean's
 denominator, with their state-head cross-entropy against label 0 and a conflict loss of 0
-(the reference's belief there is exactly 0 and its label 0).
+(the reference's belief there is exactly 0 and its label 0). The loss then equals the
+reference's only where the model feeds padded cells what the reference fed them
+(``model.tiered.padding_rows = "encoded"``) and E is the reference's, the data's largest entity
+count (``data.entity_padding = "data_max"``): the denominators count E x S cells per story.
+``docs/exact-mode.md`` lists every setting of the reference's step.
 """
 
 from __future__ import annotations

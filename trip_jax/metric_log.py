@@ -13,7 +13,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from trip_jax import reports
+from trip_jax import paths, reports
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -27,9 +27,8 @@ class MetricLog:
         self.path = epath.Path(workdir) / METRICS_FILE
         self.writer = None
         if self.enabled:
-            import tensorboardX
-
-            self.writer = tensorboardX.SummaryWriter(str(epath.Path(workdir) / TENSORBOARD_DIR))
+            # Through epath, so a gs:// workdir gets its event files too.
+            self.writer = paths.summary_writer(epath.Path(workdir) / TENSORBOARD_DIR)
 
     def write(self, step: int, split: str, scalars: Mapping[str, Any], **extra) -> None:
         """Logs one event: ``split`` is "train", the selection split's name, or "test"."""
@@ -37,8 +36,8 @@ class MetricLog:
             return
         record = {"step": step, "split": split, **extra, **reports.to_jsonable(dict(scalars)),
                   "time": time.time()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+        # Object stores cannot append: paths.append_text rewrites the file there.
+        paths.append_text(self.path, json.dumps(record, allow_nan=False) + "\n")
         for key, value in scalars.items():
             if value is not None and np.isfinite(value):
                 self.writer.add_scalar(f"{split}/{key}", value, step)

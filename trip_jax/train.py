@@ -32,7 +32,8 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import builders, checkpoints, evaluate, input_pipeline, losses, sharding
+from trip_jax import (builders, checkpoints, evaluate, input_pipeline, losses, optimizers,
+                      sharding)
 from trip_jax.input_pipeline import RunData
 from trip_jax.metric_log import MetricLog
 
@@ -81,9 +82,12 @@ def make_optimizer(train_config, total_steps: int
     ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
     schedule = learning_rate_schedule(train_config, total_steps)
 
+    # train.optimizer: "adamw" (optax) or "hf_adamw" (transformers.AdamW, the reference's).
+    name = train_config.get("optimizer", "adamw")
+
     def adamw(rate):
-        return optax.adamw(rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
-                           eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
+        return optimizers.adamw(name, rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                                eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
 
     if train_config.head_learning_rate > 0 or train_config.freeze_encoder:
         # head_learning_rate 0 (None here): the heads share the encoder's peak rate.
@@ -95,7 +99,8 @@ def make_optimizer(train_config, total_steps: int
     else:
         adamw = adamw(schedule)
     if train_config.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(train_config.grad_clip_norm), adamw), schedule
+        clip = optimizers.clip_by_global_norm(name, train_config.grad_clip_norm)
+        return optax.chain(clip, adamw), schedule
     return adamw, schedule
 
 

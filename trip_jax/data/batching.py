@@ -12,8 +12,10 @@ The rule, exactly:
    disjoint and, in process order, make up the global batch: this is the order in which
    ``jax.make_array_from_process_local_data`` assembles a batch sharded over devices.
 4. Shapes are chosen from the whole global batch so that every process builds the same shapes:
-   E = buckets.entities(largest story), T = buckets.tokens(longest row) unless ``seq_len`` fixes
-   it, packed R = buckets.rows(most real rows in any process's slice); dense R = L*2*E*S.
+   E = buckets.entities(largest story) unless ``num_entities`` fixes it (the reference's padding
+   to the data's largest entity count: ``features.max_entities``), T = buckets.tokens(longest
+   row) unless ``seq_len`` fixes it, packed R = buckets.rows(most real rows in any process's
+   slice); dense R = L*2*E*S.
    With ``short_seq_len`` (packed only) rows of at most that many tokens form a second group of
    R_short = buckets.rows(most such rows in any slice) rows, and R counts the other rows the
    same way; a group that no slice needs has 0 rows.
@@ -80,8 +82,11 @@ def plan_batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                  process_index: int = 0, process_count: int = 1,
                  buckets: Buckets = Buckets(), seq_len: int | None = None,
                  max_sentences: int = DEFAULT_MAX_SENTENCES,
-                 short_seq_len: int | None = None) -> list[BatchPlan]:
-    """Returns this process's plan of every batch of one epoch (module docstring: the rule)."""
+                 short_seq_len: int | None = None,
+                 num_entities: int | None = None) -> list[BatchPlan]:
+    """Returns this process's plan of every batch of one epoch (module docstring: the rule).
+
+    ``num_entities`` fixes E for every batch (a story with more entities is an error)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     short_seq_len = _check_short_seq_len(short_seq_len, layout, seq_len)
@@ -105,7 +110,15 @@ def plan_batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
         members = order[g * batch_size:(g + 1) * batch_size]
         index = np.full(batch_size, -1, dtype=np.int64)
         index[:members.size] = members
-        E = buckets.entities(int(entities[members].max(initial=0)))
+        largest = int(entities[members].max(initial=0))
+        if num_entities is None:
+            E = buckets.entities(largest)
+        elif largest > num_entities:
+            raise ValueError(f"a story has {largest} entities but num_entities is "
+                             f"{num_entities}; pass the largest count of the data "
+                             "(features.max_entities)")
+        else:
+            E = num_entities
         T = seq_len if seq_len is not None else buckets.tokens(int(lengths[members].max(initial=0)))
         R_short = 0
         if layout == "dense":
@@ -125,12 +138,13 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
             process_index: int = 0, process_count: int = 1,
             buckets: Buckets = Buckets(), seq_len: int | None = None,
             max_sentences: int = DEFAULT_MAX_SENTENCES,
-            short_seq_len: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+            short_seq_len: int | None = None,
+            num_entities: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Yields this process's Batch dicts for one epoch (module docstring: the exact rule).
 
     ``batch_size`` is the global batch in pairs; each dict holds batch_size / process_count
     pairs. ``seq_len`` fixes T for every batch (a longer row is an error, not a cut);
-    ``short_seq_len`` adds the group of short rows (packed layout).
+    ``short_seq_len`` adds the group of short rows (packed layout); ``num_entities`` fixes E.
     """
     pad_ids = {p.pad_id for p in encoded_pairs}
     if len(pad_ids) > 1:
@@ -140,7 +154,7 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                          layout=layout, drop_remainder=drop_remainder,
                          process_index=process_index, process_count=process_count,
                          buckets=buckets, seq_len=seq_len, max_sentences=max_sentences,
-                         short_seq_len=short_seq_len)
+                         short_seq_len=short_seq_len, num_entities=num_entities)
     for plan in plans:
         pairs = [encoded_pairs[i] if i >= 0 else None for i in plan.pair_index]
         yield build_batch(pairs, plan.pair_index, layout=layout,
@@ -154,7 +168,8 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
 def layout_stats(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                  buckets: Buckets = Buckets(), seq_len: int | None = None,
                  max_sentences: int = DEFAULT_MAX_SENTENCES, shuffle: bool = False,
-                 seed: int = 0, epoch: int = 0, short_seq_len: int | None = None) -> dict:
+                 seed: int = 0, epoch: int = 0, short_seq_len: int | None = None,
+                 num_entities: int | None = None) -> dict:
     """Real rows and tokens against the encoder rows and tokens of both layouts over one epoch
     (one process, no pair dropped), and the distinct compiled shapes.
 
@@ -170,7 +185,8 @@ def layout_stats(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
         plans = plan_batches(encoded_pairs, batch_size, layout=layout, buckets=buckets,
                              seq_len=seq_len, max_sentences=max_sentences, shuffle=shuffle,
                              seed=seed, epoch=epoch,
-                             short_seq_len=short_seq_len if layout == "packed" else None)
+                             short_seq_len=short_seq_len if layout == "packed" else None,
+                             num_entities=num_entities)
         total = sum(p.num_rows + p.num_short_rows for p in plans)
         tokens = sum(p.num_rows * p.seq_len + p.num_short_rows * p.short_seq_len for p in plans)
         stats[f"{layout}_rows"] = total

@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SENTENCES = 7
 LAYOUTS: tuple[str, ...] = ("packed", "dense")
+# "segments": the tokenizer's token type ids (1 for the sentence with BERT-style tokenizers);
+# "zeros": all 0, as the reference, which passed no token type ids to the encoder.
+TOKEN_TYPES: tuple[str, ...] = ("segments", "zeros")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -188,15 +191,20 @@ def _tokenize(tokenizer, rows: Sequence[tuple[str, str]], uses_type_ids: bool,
 
 def encode_pairs(pairs: Sequence[StoryPair], tokenizer, *,
                  max_sentences: int = DEFAULT_MAX_SENTENCES,
-                 max_length: int | None = None) -> list[EncodedPair]:
+                 max_length: int | None = None,
+                 token_types: str = "segments") -> list[EncodedPair]:
     """Tokenizes every (story, entity, sentence) row of ``pairs`` and attaches the labels.
 
     Each distinct (entity, sentence) text is tokenized once (plausible stories recur across
     pairs). Rows keep their full length unless ``max_length`` is given; then longer rows are cut
     by the tokenizer (special tokens kept) and a warning gives the count. A story with more than
-    ``max_sentences`` sentences is an error.
+    ``max_sentences`` sentences is an error. ``token_types`` (``TOKEN_TYPES``): "segments" keeps
+    the tokenizer's token type ids, "zeros" sets them all to 0 (the reference).
     """
+    if token_types not in TOKEN_TYPES:
+        raise ValueError(f"unknown token_types {token_types!r}; expected one of {TOKEN_TYPES}")
     info = tokenizer_info(tokenizer)
+    uses_type_ids = info.uses_token_type_ids and token_types == "segments"
     row_ids: dict[tuple[str, str], int] = {}
     uses = []  # unique row id of every row of every story, in order
     for pair in pairs:
@@ -206,7 +214,7 @@ def encode_pairs(pairs: Sequence[StoryPair], tokenizer, *,
                 for sentence in story.sentences:
                     uses.append(row_ids.setdefault((entity, sentence), len(row_ids)))
     rows = list(row_ids)
-    ids, types = _tokenize(tokenizer, rows, info.uses_token_type_ids, None)
+    ids, types = _tokenize(tokenizer, rows, uses_type_ids, None)
     if max_length is not None:
         lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
         use_lengths = lengths[np.asarray(uses, dtype=np.int64)] if uses else lengths
@@ -215,8 +223,8 @@ def encode_pairs(pairs: Sequence[StoryPair], tokenizer, *,
             logger.warning("token length: %s; the cut rows lose their sentence's last tokens",
                            report)
             long = np.flatnonzero(lengths > max_length)
-            cut_ids, cut_types = _tokenize(tokenizer, [rows[i] for i in long],
-                                           info.uses_token_type_ids, max_length)
+            cut_ids, cut_types = _tokenize(tokenizer, [rows[i] for i in long], uses_type_ids,
+                                           max_length)
             for i, x, t in zip(long, cut_ids, cut_types):
                 ids[i], types[i] = x, t
 
@@ -259,6 +267,12 @@ def truncation_report(encoded_pairs: Sequence[EncodedPair], max_length: int) -> 
     """Says how many rows of (untruncated) ``encoded_pairs`` a token length cuts."""
     lengths = [s.lengths for p in encoded_pairs for s in p.stories]
     return _report(np.concatenate(lengths) if lengths else np.zeros(0, np.int32), max_length)
+
+
+def max_entities(*encoded_splits: Iterable[EncodedPair]) -> int:
+    """Largest entity count of any story in ``encoded_splits``: the E the reference padded every
+    story to (``data.entity_padding = "data_max"``; pass every split the run encodes)."""
+    return max((p.num_entities for split in encoded_splits for p in split), default=0)
 
 
 def max_row_length(encoded_pairs: Iterable[EncodedPair]) -> int:

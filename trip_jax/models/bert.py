@@ -29,10 +29,17 @@ def position_ids(config, input_ids: jax.Array) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
 
 
-def attention_bias(attention_mask: jax.Array) -> jax.Array:
-    """Additive float32 bias [N, 1, 1, T]: 0 where attended, the float32 minimum where masked."""
+def attention_bias(attention_mask: jax.Array, mask_bias: float | None = None) -> jax.Array:
+    """Additive float32 bias [N, 1, 1, T]: 0 where attended, ``mask_bias`` where masked.
+
+    The default, the float32 minimum, is today's transformers: a fully masked row attends
+    uniformly to all its tokens. transformers 4.x before 4.21 (the TRIP reference ran 4.11)
+    added -10000.0 instead: every score of a fully masked row shifts by the same amount, so it
+    attends as if unmasked (its scores rounded to the float32 spacing near 10000, ~1e-3).
+    """
     keep = attention_mask.astype(bool)[:, None, None, :]
-    return jnp.where(keep, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
+    masked = jnp.finfo(jnp.float32).min if mask_bias is None else mask_bias
+    return jnp.where(keep, 0.0, masked).astype(jnp.float32)
 
 
 def _check_config(config) -> None:
@@ -72,6 +79,11 @@ class BertEmbeddings(nn.Module):
     def __call__(self, input_ids, token_type_ids, deterministic: bool):
         cfg = self.config
         words = _embed(cfg, cfg.vocab_size, self.dtype, "word_embeddings")(input_ids)
+        # Like torch's nn.Embedding(padding_idx=pad_token_id) in Hugging Face's models: the pad
+        # token's vector gets no gradient (only the reference's all-pad padding row gives it one).
+        pad = getattr(cfg, "pad_token_id", None)
+        if pad is not None:
+            words = jnp.where((input_ids == pad)[..., None], jax.lax.stop_gradient(words), words)
         types = _embed(cfg, cfg.type_vocab_size, self.dtype, "token_type_embeddings")(token_type_ids)
         positions = _embed(cfg, cfg.max_position_embeddings, self.dtype, "position_embeddings")(
             position_ids(cfg, input_ids))
@@ -186,7 +198,8 @@ class BertEncoder(nn.Module):
 
     ``config`` is a transformers BertConfig or RobertaConfig; ``dtype`` the compute dtype
     (parameters are float32); ``remat`` rematerialises each layer in the backward pass.
-    Dropout is active when ``deterministic=False`` and needs a "dropout" rng.
+    Dropout is active when ``deterministic=False`` and needs a "dropout" rng. ``mask_bias``
+    replaces the additive bias of masked keys (``attention_bias``).
     """
 
     config: Any
@@ -194,12 +207,13 @@ class BertEncoder(nn.Module):
     remat: bool = False
 
     @nn.compact
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
+                 mask_bias: float | None = None):
         _check_config(self.config)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         x = BertEmbeddings(self.config, self.dtype, name="embeddings")(
             input_ids, token_type_ids, deterministic)
-        bias = attention_bias(attention_mask)
+        bias = attention_bias(attention_mask, mask_bias)
         return BertTransformer(self.config, self.dtype, self.remat, name="encoder")(
             x, bias, deterministic)

@@ -1,8 +1,9 @@
 """The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
 
-Reference semantics: docs/reference.md, "Model". The model reads the batch contract's arrays (packed
-or dense rows) and returns its outputs (``trip_jax.batch_contract``); every architecture
-number is a ``TieredConfig`` field whose default is the reference value.
+Reference semantics: docs/reference.md, "Model"; the settings that reproduce the original
+step exactly: docs/exact-mode.md. The model reads the batch contract's arrays (packed or dense
+rows) and returns its outputs (``trip_jax.batch_contract``); every architecture number is a
+``TieredConfig`` field whose default is the reference value.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flax import linen as nn
 
 from trip_jax import batch_contract, schema
 from trip_jax.config_fields import dataclass_from_mapping
+from trip_jax.models.bert import BertEncoder
 from trip_jax.models.encoders import build_encoder
 
 # Logit given to classes a head does not have: finite, so that 0 * log_softmax stays 0 (no NaN),
@@ -25,6 +27,10 @@ NEG_LOGIT = -1e9
 
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
 STORY_SCORES = ("sum", "max")
+PADDING_ROWS = ("zero", "encoded")
+PADDING_ROW_ATTENTION = ("legacy", "masked")
+# The additive bias of masked keys in transformers 4.x before 4.21 (the reference ran 4.11).
+LEGACY_MASK_BIAS = -10000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +52,18 @@ class TieredConfig:
     with every weight at ``transitions_init_weight`` (a sure contradiction adds 2 to the logit
     of its two sentences): a lecun-normal start at ~±0.2 needs thousands of steps at a head
     learning rate to become decisive, more than a few hundred training pairs give.
+
+    ``padding_rows`` says what the (story, entity, sentence) cells without a real row feed to
+    the state heads and the detector. "zero": a zero vector (clean, layout-independent).
+    "encoded": what the reference fed them, the encoder's output (position 0) on a row of
+    ``padding_row_length`` token ids 0 with an all-zero attention mask and token types 0. Every
+    such cell has the same input, so the encoder runs on that one row once per call and its
+    vector is broadcast (with dropout on, one draw serves all cells of the step, where the
+    reference drew one per cell). ``padding_row_attention`` is how that fully masked row is
+    masked: "legacy" as the reference's transformers 4.11 did for BERT/RoBERTa (masked keys get
+    an additive -10000, which shifts every score of the row equally: it attends as if unmasked),
+    "masked" as the encoder masks any row (BERT/RoBERTa: uniform attention over the row's
+    tokens, today's transformers; DeBERTa: its own masking, the only choice for DeBERTa).
     """
 
     max_sentences: int = 7
@@ -67,6 +85,9 @@ class TieredConfig:
     story_score: str = "sum"
     state_transitions: bool = False
     transitions_init_weight: float = 2.0
+    padding_rows: str = "zero"
+    padding_row_length: int = 16
+    padding_row_attention: str = "legacy"
 
     def __post_init__(self):
         object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
@@ -80,6 +101,14 @@ class TieredConfig:
         if self.story_score not in STORY_SCORES:
             raise ValueError(f"story_score must be one of {STORY_SCORES}, "
                              f"got {self.story_score!r}")
+        if self.padding_rows not in PADDING_ROWS:
+            raise ValueError(f"padding_rows must be one of {PADDING_ROWS}, "
+                             f"got {self.padding_rows!r}")
+        if self.padding_row_attention not in PADDING_ROW_ATTENTION:
+            raise ValueError(f"padding_row_attention must be one of {PADDING_ROW_ATTENTION}, "
+                             f"got {self.padding_row_attention!r}")
+        if self.padding_row_length < 1:
+            raise ValueError(f"padding_row_length must be >= 1, got {self.padding_row_length}")
 
     @property
     def detector_d_model(self) -> int:
@@ -293,9 +322,12 @@ class TieredModel(nn.Module):
             first_tokens.append(hidden[:, 0, :].astype(jnp.float32))
             row_index.append(batch[prefix + "row_index"])
         h = scatter_rows(jnp.concatenate(first_tokens), jnp.concatenate(row_index), grid)
-        # Dense-layout padding rows hold pad-token embeddings; zero them so that both layouts
-        # feed identical values to everything downstream.
-        h = h * row_mask[..., None]
+        # Dense-layout padding rows hold pad-token embeddings: replace them (zero, or the
+        # reference's padding-row vector) so that both layouts feed identical values downstream.
+        if cfg.padding_rows == "encoded":
+            h = jnp.where(row_mask[..., None], h, self.padding_row_embedding(deterministic))
+        else:
+            h = h * row_mask[..., None]
         h_flat = h.reshape(-1, h.shape[-1])
 
         pre_logits, eff_logits = StateHeads(cfg, name="state_heads")(
@@ -348,6 +380,24 @@ class TieredModel(nn.Module):
             "story_score": story_score,
             "story_pred": jnp.argmax(story_score, axis=-1).astype(jnp.int32),
         }
+
+
+    def padding_row_embedding(self, deterministic: bool = True) -> jax.Array:
+        """The reference's padding-row vector [H]: the encoder's position-0 output on one row of
+        ``padding_row_length`` token ids 0, attention mask 0 and token types 0 (masked as
+        ``padding_row_attention`` says)."""
+        cfg = self.config
+        zeros = jnp.zeros((1, cfg.padding_row_length), jnp.int32)
+        extra = {}
+        if cfg.padding_row_attention == "legacy":
+            if not isinstance(self.encoder, BertEncoder):
+                raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
+                                 "additive mask of BERT/RoBERTa; use 'masked' for "
+                                 f"{type(self.encoder).__name__}")
+            extra["mask_bias"] = LEGACY_MASK_BIAS
+        hidden = self.encoder(zeros, zeros, token_type_ids=zeros, deterministic=deterministic,
+                              **extra)
+        return hidden[0, 0, :].astype(jnp.float32)
 
 
 def _masked_argmax(logits: jax.Array, row_mask: jax.Array) -> jax.Array:

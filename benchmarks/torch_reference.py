@@ -1,0 +1,401 @@
+"""The reference training step in eager PyTorch, written from its semantics (docs/exact-mode.md).
+
+A baseline for parity (tests/test_exact_reference.py) and for speed: the tiered model of the
+TRIP paper as the original implementation computed it, on Hugging Face's PyTorch encoders.
+
+- Encoder: ``transformers`` BertModel / RobertaModel (no pooler, eager attention) over one row
+  per (story, entity, sentence); row embedding = last hidden state at position 0. Masks are
+  applied as transformers 4.11 (the original's version) applied them: an additive -10000 at
+  masked keys, so that a fully masked padding row attends as if unmasked.
+- 2 x 20 state heads (preconditions, then effects, attributes in schema order): dropout ->
+  Linear(H, H) -> tanh -> dropout -> Linear(H, n_a).
+- Detector input per cell: Linear_256(dropout(h)) ++ Linear_256(dropout(pre ++ eff logits,
+  detached)); dropout; ``nn.TransformerEncoder`` (post-LN, ReLU, no attention mask) over the S
+  sentences of each (story, entity); flatten -> dropout -> Linear(S*D, S) -> sigmoid x the
+  cell mask (1 on real rows: the first token's attention mask).
+- Story score -sum(p) / 2; losses: per-attribute CE averaged over all E x S cells, summed over
+  attributes / 20; BCE of the beliefs over all cells; CE of the two story scores.
+- Step: ``transformers.AdamW`` (eps added to sqrt(v), bias corrections in the step size) after
+  ``torch.nn.utils.clip_grad_norm_``.
+
+Two layouts of the same step: ``forward_padded`` runs the encoder on every cell of the padded
+E x S grid (padding cells: 16 token ids 0, attention mask 0), as the original did;
+``forward_rows`` runs it on the real rows and one padding row, whose vector fills every padding
+cell (the same numbers, less encoder work). ``load_jax_params`` copies a trip-jax parameter tree
+into the torch modules so that both start equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import transformers
+from torch import nn
+
+from trip_jax import schema
+
+LEGACY_MASK_BIAS = -10000.0  # transformers 4.11's additive bias of masked keys
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceConfig:
+    """The numbers of the reference architecture (defaults: the paper's)."""
+
+    max_sentences: int = 7
+    num_classes: tuple[int, ...] = schema.NUM_CLASSES
+    head_dropout: float = 0.1
+    embedding_projection: int = 256
+    state_projection: int = 256
+    projection_dropout: float = 0.1
+    detector_input_dropout: float = 0.1
+    detector_layers: int = 6
+    detector_heads: int = 8
+    detector_ff: int = 2048
+    detector_dropout: float = 0.1
+    detector_layer_norm_eps: float = 1e-5
+    conflict_dropout: float = 0.1
+    padding_row_length: int = 16
+
+    @property
+    def d_model(self) -> int:
+        """Width of the detector."""
+        return self.embedding_projection + self.state_projection
+
+    @classmethod
+    def from_tiered(cls, tiered) -> "ReferenceConfig":
+        """The ReferenceConfig of a ``trip_jax.models.tiered.TieredConfig``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{n: getattr(tiered, n) for n in names})
+
+
+def legacy_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[N, T] 0/1 mask -> the 4D additive float mask [N, 1, T, T] of transformers 4.11."""
+    n, t = attention_mask.shape
+    bias = (1.0 - attention_mask[:, None, None, :].float()) * LEGACY_MASK_BIAS
+    return bias.expand(n, 1, t, t)
+
+
+class ReferenceModel(nn.Module):
+    """The tiered model of the reference (module docstring)."""
+
+    def __init__(self, hf_config: transformers.PretrainedConfig, config: ReferenceConfig):
+        super().__init__()
+        self.config = config
+        hf_config._attn_implementation = "eager"
+        self.encoder = transformers.AutoModel.from_config(
+            hf_config, add_pooling_layer=False, attn_implementation="eager")
+        hidden = hf_config.hidden_size
+        self.heads = nn.ModuleList([
+            nn.Sequential(nn.Dropout(config.head_dropout), nn.Linear(hidden, hidden), nn.Tanh(),
+                          nn.Dropout(config.head_dropout), nn.Linear(hidden, n))
+            for _ in ("pre", "eff") for n in config.num_classes])
+        self.projection_dropout = nn.Dropout(config.projection_dropout)
+        self.embedding_proj = nn.Linear(hidden, config.embedding_projection)
+        self.states_proj = nn.Linear(2 * sum(config.num_classes), config.state_projection)
+        self.detector_input_dropout = nn.Dropout(config.detector_input_dropout)
+        layer = nn.TransformerEncoderLayer(
+            config.d_model, config.detector_heads, config.detector_ff, config.detector_dropout,
+            activation="relu", layer_norm_eps=config.detector_layer_norm_eps, batch_first=True,
+            norm_first=False)
+        self.detector = nn.TransformerEncoder(layer, config.detector_layers,
+                                              enable_nested_tensor=False)
+        self.conflict_dropout = nn.Dropout(config.conflict_dropout)
+        self.conflict_out = nn.Linear(config.max_sentences * config.d_model,
+                                      config.max_sentences)
+
+    def encode(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        """Row embeddings [N, H]: position 0 of the last hidden state."""
+        out = self.encoder(input_ids=input_ids.long(),
+                           attention_mask=legacy_attention_mask(attention_mask),
+                           token_type_ids=token_type_ids.long())
+        return out.last_hidden_state[:, 0]
+
+    def padding_row(self) -> torch.Tensor:
+        """The embedding [H] of a padding cell's row: token ids 0, attention mask 0."""
+        zeros = torch.zeros((1, self.config.padding_row_length), dtype=torch.long)
+        return self.encode(zeros, zeros, zeros)[0]
+
+    def forward_padded(self, input_ids, attention_mask, token_type_ids) -> dict:
+        """The original's layout: inputs [B, 2, E, S, T] with every cell an encoder row."""
+        grid = input_ids.shape[:4]
+        h = self.encode(input_ids.reshape(-1, input_ids.shape[-1]),
+                        attention_mask.reshape(-1, input_ids.shape[-1]),
+                        token_type_ids.reshape(-1, input_ids.shape[-1]))
+        cell_mask = attention_mask[..., 0].float()
+        return self.forward_embeddings(h.reshape(*grid, -1), cell_mask)
+
+    def forward_rows(self, input_ids, attention_mask, token_type_ids, row_index,
+                     grid: tuple[int, int, int, int]) -> dict:
+        """Real rows only: inputs [R, T] and their flat cell indices ``row_index`` [R] into
+        ``grid`` (B, 2, E, S); every other cell gets the padding row's embedding."""
+        h_rows = self.encode(input_ids, attention_mask, token_type_ids)
+        cells = int(np.prod(grid))
+        h = self.padding_row().expand(cells, -1).clone()
+        h[row_index.long()] = h_rows
+        cell_mask = torch.zeros(cells)
+        cell_mask[row_index.long()] = 1.0
+        return self.forward_embeddings(h.reshape(*grid, -1), cell_mask.reshape(grid))
+
+    def forward_embeddings(self, h, cell_mask) -> dict:
+        """Heads, detector and story choice from cell embeddings h [B, 2, E, S, H]."""
+        cfg = self.config
+        grid = h.shape[:4]
+        flat = h.reshape(-1, h.shape[-1])
+        logits = [head(flat) for head in self.heads]
+        num_attributes = len(cfg.num_classes)
+        pre, eff = logits[:num_attributes], logits[num_attributes:]
+        states = torch.cat(pre + eff, dim=-1).detach()
+        features = torch.cat([self.embedding_proj(self.projection_dropout(flat)),
+                              self.states_proj(self.projection_dropout(states))], dim=-1)
+        tracks = features.reshape(-1, cfg.max_sentences, cfg.d_model)
+        x = self.detector(self.detector_input_dropout(tracks))
+        x = self.conflict_dropout(x.reshape(x.shape[0], -1))
+        conflict_logits = self.conflict_out(x).reshape(grid)
+        conflict_prob = torch.sigmoid(conflict_logits) * cell_mask
+        return {
+            "pre_logits": [z.reshape(*grid, -1) for z in pre],
+            "eff_logits": [z.reshape(*grid, -1) for z in eff],
+            "conflict_logits": conflict_logits,
+            "conflict_prob": conflict_prob,
+            "story_score": -conflict_prob.sum(dim=(2, 3)) / 2,
+        }
+
+
+def reference_losses(outputs: Mapping, labels: Mapping[str, torch.Tensor],
+                     weights: tuple[float, float, float, float]) -> dict[str, torch.Tensor]:
+    """The four losses over every cell of the grid and their weighted sum ("total")."""
+    ce = nn.CrossEntropyLoss()
+
+    def states(logits, label):
+        return sum(ce(z.reshape(-1, z.shape[-1]), label[..., a].reshape(-1).long())
+                   for a, z in enumerate(logits)) / len(logits)
+
+    parts = {
+        "pre": states(outputs["pre_logits"], labels["pre_label"]),
+        "eff": states(outputs["eff_logits"], labels["eff_label"]),
+        "conflict": nn.BCELoss()(outputs["conflict_prob"], labels["conflict_label"].float()),
+        "story": ce(outputs["story_score"], labels["story_label"].long()),
+    }
+    parts["total"] = sum(w * parts[k] for w, k in zip(weights, ("pre", "eff", "conflict",
+                                                                "story")))
+    return parts
+
+
+class ReferenceAdamW(torch.optim.Optimizer):
+    """transformers.AdamW (correct_bias=True): step_size = lr sqrt(1 - b2^t) / (1 - b1^t);
+    p -= step_size m / (sqrt(v) + eps); then p -= lr weight_decay p."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient."""
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["step"] += 1
+                t = state["step"]
+                state["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+                state["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                step_size = group["lr"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                p.addcdiv_(state["m"], state["v"].sqrt().add_(group["eps"]), value=-step_size)
+                if group["weight_decay"] > 0:
+                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+
+
+def train_step(model: ReferenceModel, optimizer: torch.optim.Optimizer, forward,
+               labels: Mapping[str, torch.Tensor], weights, clip_norm: float = 1.0) -> dict:
+    """One reference step: ``forward()`` -> losses -> backward -> clip -> AdamW. Returns the
+    outputs and losses (detached)."""
+    optimizer.zero_grad()
+    outputs = forward()
+    parts = reference_losses(outputs, labels, weights)
+    parts["total"].backward()
+    if clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    detach = lambda x: [z.detach() for z in x] if isinstance(x, list) else x.detach()
+    return {"outputs": {k: detach(v) for k, v in outputs.items()},
+            "losses": {k: v.detach() for k, v in parts.items()}}
+
+
+# ------------------------------------------------------------------------------------------
+# Inputs from trip-jax batches, parameters from trip-jax parameter trees.
+
+def padded_inputs(batch: Mapping[str, np.ndarray], pad_id: int, seq_len: int = 16
+                  ) -> dict[str, torch.Tensor]:
+    """The original's inputs [B, 2, E, S, seq_len] from a trip-jax dense batch: real rows as
+    they are (padded with ``pad_id``), padding cells token ids 0 with attention mask 0. A row
+    longer than ``seq_len`` is an error (cut rows when encoding: data.max_length)."""
+    grid = batch["row_mask"].shape
+    ids, mask, types = (np.asarray(batch[k]) for k in ("input_ids", "attention_mask",
+                                                       "token_type_ids"))
+    if mask[:, seq_len:].any():
+        raise ValueError(f"a row is longer than {seq_len} tokens")
+    width = min(ids.shape[1], seq_len)
+    out = {"input_ids": np.full((len(ids), seq_len), pad_id, np.int64),
+           "attention_mask": np.zeros((len(ids), seq_len), np.int64),
+           "token_type_ids": np.zeros((len(ids), seq_len), np.int64)}
+    for key, value in (("input_ids", ids), ("attention_mask", mask), ("token_type_ids", types)):
+        out[key][:, :width] = value[:, :width]
+        out[key][~np.asarray(batch["row_mask"], bool).reshape(-1)] = 0
+    return {k: torch.as_tensor(v.reshape(*grid, seq_len)) for k, v in out.items()}
+
+
+def row_inputs(batch: Mapping[str, np.ndarray]) -> dict:
+    """The real rows of a trip-jax packed batch (one row group): ids, masks, types [R, T],
+    their cell indices and the grid."""
+    grid = batch["row_mask"].shape
+    keep = np.asarray(batch["row_index"]) < int(np.prod(grid))
+    out = {k: torch.as_tensor(np.asarray(batch[k])[keep])
+           for k in ("input_ids", "attention_mask", "token_type_ids", "row_index")}
+    out["grid"] = tuple(int(g) for g in grid)
+    return out
+
+
+def label_tensors(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """The label arrays of a batch as tensors."""
+    return {k: torch.as_tensor(np.asarray(batch[k]))
+            for k in ("pre_label", "eff_label", "conflict_label", "story_label")}
+
+
+def _jax_to_torch(value: np.ndarray, kind: str) -> torch.Tensor:
+    value = np.array(value, np.float32)  # a writable copy
+    return torch.as_tensor(value.T.copy() if kind == "kernel" else value)
+
+
+def load_jax_params(model: ReferenceModel, params: Mapping) -> None:
+    """Copies a trip-jax TieredModel parameter tree into ``model`` (every parameter; an
+    unmatched one is an error)."""
+    params = _to_numpy(params)
+    cfg = model.config
+    state: dict[str, torch.Tensor] = {}
+    # Encoder: Hugging Face names; Linear weight = kernel.T, Embedding = embedding,
+    # LayerNorm weight = scale.
+    for name, _ in model.encoder.named_parameters():
+        *path, leaf = name.split(".")
+        node = params["encoder"]
+        for part in path:
+            node = node[part]
+        if leaf == "bias":
+            state[f"encoder.{name}"] = _jax_to_torch(node["bias"], "bias")
+        elif "kernel" in node:
+            state[f"encoder.{name}"] = _jax_to_torch(node["kernel"], "kernel")
+        elif "embedding" in node:
+            state[f"encoder.{name}"] = _jax_to_torch(node["embedding"], "embedding")
+        else:
+            state[f"encoder.{name}"] = _jax_to_torch(node["scale"], "scale")
+    heads = params["state_heads"]["heads"]
+    for i, n in enumerate(tuple(cfg.num_classes) * 2):
+        state[f"heads.{i}.1.weight"] = _jax_to_torch(heads["dense"]["kernel"][i], "kernel")
+        state[f"heads.{i}.1.bias"] = _jax_to_torch(heads["dense"]["bias"][i], "bias")
+        state[f"heads.{i}.4.weight"] = _jax_to_torch(heads["out_proj"]["kernel"][i][:, :n],
+                                                     "kernel")
+        state[f"heads.{i}.4.bias"] = _jax_to_torch(heads["out_proj"]["bias"][i][:n], "bias")
+    for name, node in (("embedding_proj", params["embedding_proj"]),
+                       ("states_proj", params["states_proj"]),
+                       ("conflict_out", params["detector"]["conflict_out"])):
+        state[f"{name}.weight"] = _jax_to_torch(node["kernel"], "kernel")
+        state[f"{name}.bias"] = _jax_to_torch(node["bias"], "bias")
+    d = cfg.d_model
+    for i in range(cfg.detector_layers):
+        layer, prefix = params["detector"][f"layer_{i}"], f"detector.layers.{i}."
+        attention = layer["self_attention"]
+        state[prefix + "self_attn.in_proj_weight"] = torch.cat([
+            _jax_to_torch(attention[k]["kernel"].reshape(d, d), "kernel")
+            for k in ("query", "key", "value")])
+        state[prefix + "self_attn.in_proj_bias"] = torch.cat([
+            _jax_to_torch(attention[k]["bias"].reshape(d), "bias")
+            for k in ("query", "key", "value")])
+        state[prefix + "self_attn.out_proj.weight"] = _jax_to_torch(
+            attention["out"]["kernel"].reshape(d, d), "kernel")
+        state[prefix + "self_attn.out_proj.bias"] = _jax_to_torch(attention["out"]["bias"],
+                                                                  "bias")
+        for ours, theirs in (("ff_in", "linear1"), ("ff_out", "linear2")):
+            state[prefix + f"{theirs}.weight"] = _jax_to_torch(layer[ours]["kernel"], "kernel")
+            state[prefix + f"{theirs}.bias"] = _jax_to_torch(layer[ours]["bias"], "bias")
+        for ours, theirs in (("attention_norm", "norm1"), ("ff_norm", "norm2")):
+            state[prefix + f"{theirs}.weight"] = _jax_to_torch(layer[ours]["scale"], "scale")
+            state[prefix + f"{theirs}.bias"] = _jax_to_torch(layer[ours]["bias"], "bias")
+    expected = dict(model.named_parameters())
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise KeyError(f"no trip-jax parameter for {missing[:8]}")
+    with torch.no_grad():
+        for name, value in state.items():
+            if tuple(expected[name].shape) != tuple(value.shape):
+                raise ValueError(f"{name}: torch {tuple(expected[name].shape)}, "
+                                 f"trip-jax {tuple(value.shape)}")
+            expected[name].copy_(value)
+
+
+def torch_params_as_jax(model: ReferenceModel, like: Mapping) -> dict:
+    """The torch parameters in the layout of the trip-jax tree ``like`` (for comparing after a
+    step): the inverse of ``load_jax_params`` on the parameters it fills; head columns a
+    head lacks keep the values of ``like``."""
+    like = _to_numpy(like)
+    out = _map_tree(lambda x: np.array(x, np.float32, copy=True), like)
+    torch_state = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    cfg = model.config
+    for name, value in torch_state.items():
+        if name.startswith("encoder."):
+            *path, leaf = name[len("encoder."):].split(".")
+            node = out["encoder"]
+            for part in path:
+                node = node[part]
+            key = ("bias" if leaf == "bias" else "kernel" if "kernel" in node
+                   else "embedding" if "embedding" in node else "scale")
+            node[key] = value.T if key == "kernel" else value
+    heads = out["state_heads"]["heads"]
+    for i, n in enumerate(tuple(cfg.num_classes) * 2):
+        heads["dense"]["kernel"][i] = torch_state[f"heads.{i}.1.weight"].T
+        heads["dense"]["bias"][i] = torch_state[f"heads.{i}.1.bias"]
+        heads["out_proj"]["kernel"][i][:, :n] = torch_state[f"heads.{i}.4.weight"].T
+        heads["out_proj"]["bias"][i][:n] = torch_state[f"heads.{i}.4.bias"]
+    for name, node in (("embedding_proj", out["embedding_proj"]),
+                       ("states_proj", out["states_proj"]),
+                       ("conflict_out", out["detector"]["conflict_out"])):
+        node["kernel"] = torch_state[f"{name}.weight"].T
+        node["bias"] = torch_state[f"{name}.bias"]
+    d = cfg.d_model
+    for i in range(cfg.detector_layers):
+        layer, prefix = out["detector"][f"layer_{i}"], f"detector.layers.{i}."
+        attention = layer["self_attention"]
+        w = torch_state[prefix + "self_attn.in_proj_weight"]
+        b = torch_state[prefix + "self_attn.in_proj_bias"]
+        for j, k in enumerate(("query", "key", "value")):
+            shape = attention[k]["kernel"].shape
+            attention[k]["kernel"] = w[j * d:(j + 1) * d].T.reshape(shape)
+            attention[k]["bias"] = b[j * d:(j + 1) * d].reshape(attention[k]["bias"].shape)
+        shape = attention["out"]["kernel"].shape
+        attention["out"]["kernel"] = torch_state[prefix + "self_attn.out_proj.weight"].T.reshape(
+            shape)
+        attention["out"]["bias"] = torch_state[prefix + "self_attn.out_proj.bias"]
+        for ours, theirs in (("ff_in", "linear1"), ("ff_out", "linear2")):
+            layer[ours]["kernel"] = torch_state[prefix + f"{theirs}.weight"].T
+            layer[ours]["bias"] = torch_state[prefix + f"{theirs}.bias"]
+        for ours, theirs in (("attention_norm", "norm1"), ("ff_norm", "norm2")):
+            layer[ours]["scale"] = torch_state[prefix + f"{theirs}.weight"]
+            layer[ours]["bias"] = torch_state[prefix + f"{theirs}.bias"]
+    return out
+
+
+def _map_tree(fn, tree):
+    if isinstance(tree, Mapping):
+        return {k: _map_tree(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def _to_numpy(tree):
+    return _map_tree(np.asarray, tree)

@@ -1,0 +1,292 @@
+"""The exact reference mode: one test per difference, then the whole step against PyTorch.
+
+A tiny BERT (random weights, a word-level tokenizer built here, every dropout 0) and two small
+pairs: the batch holds the first pair (stories of 2 and 3 entities, 4 and 3 sentences, S = 7);
+the second has 4 entities, so padding to the data's largest entity count adds entity cells.
+The PyTorch side is ``benchmarks/torch_reference.py``, written from the reference semantics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+import torch
+import transformers
+
+from benchmarks import torch_reference as ref
+from configs import base, bert, deberta, minilm, roberta, tiny
+from trip_jax.data import batching, features
+from trip_jax.data.tokenizers import load_tokenizer
+from trip_jax.data.types import Story, StoryPair
+from trip_jax.losses import LossConfig, tiered_loss
+from trip_jax.models.bert import BertEncoder
+from trip_jax.models.tiered import LEGACY_MASK_BIAS, TieredConfig, build_tiered_model
+from trip_jax.train import make_optimizer
+
+S = 7
+CUT = 16
+LR = 1e-3
+HF_CONFIG = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=64, max_position_embeddings=32, type_vocab_size=2,
+                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+EXACT = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=16,
+                     detector_layers=2, detector_heads=4, detector_ff=64, head_dropout=0.0,
+                     projection_dropout=0.0, detector_input_dropout=0.0, detector_dropout=0.0,
+                     conflict_dropout=0.0, detector_padding_mask=False, padding_rows="encoded")
+WEIGHTS = LossConfig(0.4, 0.4, 0.1, 0.1, mask_padding_in_losses=False)  # Table 2 "all"
+
+
+def hf_config():
+    return transformers.BertConfig(**HF_CONFIG)
+
+
+def story_pairs() -> list[StoryPair]:
+    """Two pairs; the first has a row longer than 16 tokens, the second 4 entities."""
+    rng = np.random.default_rng(0)
+    sentences = ("Ann took the cup from the kitchen table and walked slowly over to the sink.",
+                 "Ann dropped the cup.", "The cup broke.", "Ann ate bread.")
+    entities = ("Ann", "cup", "bread", "table")
+
+    def story(story_id, n_ent, n_sent, plausible):
+        states = rng.integers(0, 3, size=(n_ent, n_sent, 2, 20)).astype(np.int32)
+        return Story(story_id, sentences[:n_sent], entities[:n_ent], states, plausible,
+                     () if plausible else ((1, 2),))
+
+    return [StoryPair("p0", (story("a", 2, 4, True), story("b", 3, 3, False)), label=0),
+            StoryPair("p1", (story("c", 4, 3, False), story("d", 2, 3, True)), label=1)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("word_level:bert", texts=features.vocabulary_texts(story_pairs()))
+
+
+@pytest.fixture(scope="module")
+def encoded(tokenizer):
+    return features.encode_pairs(story_pairs(), tokenizer, max_sentences=S, max_length=CUT,
+                                 token_types="zeros")
+
+
+def one_batch(encoded, layout: str) -> dict[str, np.ndarray]:
+    """The first pair, entities padded to the data's largest count, T = 16."""
+    (batch,) = batching.batches(encoded[:1], 1, layout=layout, seq_len=CUT, max_sentences=S,
+                                num_entities=features.max_entities(encoded))
+    return batch
+
+
+@pytest.fixture(scope="module")
+def packed(encoded):
+    return one_batch(encoded, "packed")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiered_model(hf_config(), EXACT)
+
+
+@pytest.fixture(scope="module")
+def params(model, packed):
+    # Random values in the model's shapes (no compiled init): LayerNorm scales near 1, every
+    # other parameter ~N(0, 0.1), so that no bias is zero and no scale is exactly 1.
+    shapes = jax.eval_shape(model.init, jax.random.key(0), packed)["params"]
+    rng = np.random.default_rng(1)
+
+    def draw(path, leaf):
+        noise = rng.normal(0.0, 0.1, leaf.shape).astype(np.float32)
+        return jnp.asarray(noise + (1.0 if path[-1].key == "scale" else 0.0))
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@pytest.fixture(scope="module")
+def torch_model(params):
+    torch.manual_seed(0)
+    model = ref.ReferenceModel(hf_config(), ref.ReferenceConfig.from_tiered(EXACT))
+    ref.load_jax_params(model, params)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------
+# One test per difference.
+
+def test_padding_row_vector_is_the_encoder_output_on_an_all_zero_masked_row(
+        model, params, torch_model):
+    vector = model.apply({"params": params}, method="padding_row_embedding")
+    zeros = jnp.zeros((1, 16), jnp.int32)
+    encoder = BertEncoder(hf_config())
+    direct = encoder.apply({"params": params["encoder"]}, zeros, zeros, zeros,
+                           mask_bias=LEGACY_MASK_BIAS)[0, 0]
+    np.testing.assert_array_equal(vector, direct)
+    with torch.no_grad():  # the original's encoder and mask (transformers 4.11: -10000)
+        np.testing.assert_allclose(vector, torch_model.padding_row().numpy(), atol=1e-5)
+    # Under -10000 a fully masked row attends like an unmasked one (up to score rounding),
+    # unlike the float32-minimum mask of today's transformers (uniform attention).
+    unmasked = encoder.apply({"params": params["encoder"]}, zeros, jnp.ones_like(zeros),
+                             zeros)[0, 0]
+    uniform = encoder.apply({"params": params["encoder"]}, zeros, zeros, zeros)[0, 0]
+    to_unmasked = np.abs(np.asarray(vector - unmasked)).max()
+    assert to_unmasked < 0.1 * np.abs(np.asarray(vector - uniform)).max()
+    masked = dataclasses.replace(EXACT, padding_row_attention="masked")
+    np.testing.assert_array_equal(
+        build_tiered_model(hf_config(), masked).apply({"params": params},
+                                                      method="padding_row_embedding"), uniform)
+
+
+def test_padding_cells_get_the_padding_row_vector(model, params, packed):
+    out = jax.jit(model.apply)({"params": params}, packed)
+    clean = build_tiered_model(hf_config(), dataclasses.replace(EXACT, padding_rows="zero"))
+    zero_out = jax.jit(clean.apply)({"params": params}, packed)
+    pad = ~packed["row_mask"]
+    logits = np.asarray(out["pre_logits"])[pad]
+    assert pad.sum() > 0 and np.ptp(logits, axis=0).max() == 0  # one vector for every cell
+    assert np.abs(logits[0] - np.asarray(zero_out["pre_logits"])[pad][0]).max() > 1e-3
+    real = packed["row_mask"]
+    np.testing.assert_array_equal(np.asarray(out["pre_logits"])[real],
+                                  np.asarray(zero_out["pre_logits"])[real])
+    # With the detector unmasked, the padding cells of a real track move its conflict logits.
+    assert np.abs(np.asarray(out["conflict_logits"])[real]
+                  - np.asarray(zero_out["conflict_logits"])[real]).max() > 1e-4
+
+
+def test_token_types_are_all_zero_in_exact_mode(tokenizer, encoded, packed):
+    assert not any(s.type_ids.any() for p in encoded for s in p.stories)
+    assert not packed["token_type_ids"].any()
+    segments = features.encode_pairs(story_pairs(), tokenizer, max_sentences=S)
+    assert all(s.type_ids.any() for p in segments for s in p.stories)  # BERT: sentence = 1
+    with pytest.raises(ValueError, match="token_types"):
+        features.encode_pairs(story_pairs(), tokenizer, token_types="ones")
+
+
+def test_entities_are_padded_to_the_data_maximum(encoded):
+    assert features.max_entities(encoded) == 4
+    assert features.max_entities(encoded[:1], encoded[1:]) == 4
+    for layout in ("packed", "dense"):
+        plans = batching.plan_batches(encoded, 1, layout=layout, max_sentences=S,
+                                      num_entities=4)
+        assert [p.num_entities for p in plans] == [4, 4]
+    bucketed = batching.plan_batches(encoded[:1], 1, max_sentences=S)
+    assert bucketed[0].num_entities == 8  # default buckets start at 8
+    with pytest.raises(ValueError, match="num_entities"):
+        batching.plan_batches(encoded, 1, max_sentences=S, num_entities=3)
+
+
+def test_the_16_token_cut_is_reported(tokenizer, caplog):
+    with caplog.at_level(logging.WARNING, logger=features.logger.name):
+        cut = features.encode_pairs(story_pairs(), tokenizer, max_sentences=S, max_length=CUT)
+    uncut = features.encode_pairs(story_pairs(), tokenizer, max_sentences=S)
+    report = features.truncation_report(uncut, CUT)
+    assert report.cut_rows > 0 and report.longest > CUT
+    assert f"max_length={CUT} cuts {report.cut_rows} of {report.rows} rows" in caplog.text
+    assert features.max_row_length(cut) == CUT
+
+
+def test_one_switch_sets_every_piece_and_the_defaults_per_config():
+    for module in (roberta, bert, deberta):
+        assert base.reference_mode(module.get_config()) == "exact"
+        assert base.reference_mode(module.get_config("clean")) == "clean"
+        config = module.get_config("all")  # a loss preset alone keeps the default mode
+        assert base.reference_mode(config) == "exact" and config.loss.story_weight == 0.1
+    for module in (minilm, tiny):
+        assert base.reference_mode(module.get_config()) == "clean"
+        config = module.get_config("omit_states,exact")
+        assert base.reference_mode(config) == "exact" and config.loss.pre_weight == 0.0
+    exact = roberta.get_config()
+    assert (exact.model.tiered.padding_rows, exact.model.tiered.detector_padding_mask,
+            exact.loss.mask_padding_in_losses, exact.data.entity_padding, exact.data.token_types,
+            exact.train.optimizer, exact.data.max_length) == (
+        "encoded", False, False, "data_max", "zeros", "hf_adamw", 16)
+    exact.data.token_types = "segments"  # one difference alone
+    assert base.reference_mode(exact) == "mixed"
+    assert deberta.get_config().model.tiered.padding_row_attention == "masked"
+    with pytest.raises(ValueError, match="two modes"):
+        roberta.get_config("exact,clean")
+
+
+# ------------------------------------------------------------------------------------------
+# The whole step against the PyTorch reference.
+
+def jax_step(model, params, batch):
+    """Forward, the four losses, gradients and one hf_adamw step with clipping at 1.0."""
+    train = ml_collections.ConfigDict(dict(
+        optimizer="hf_adamw", learning_rate=LR, head_learning_rate=0.0, adam_b1=0.9,
+        adam_b2=0.999, adam_eps=1e-6, weight_decay=0.0, grad_clip_norm=1.0,
+        schedule="constant", warmup_fraction=0.1, freeze_encoder=False))
+    tx, _ = make_optimizer(train, total_steps=1)
+
+    @jax.jit
+    def step(params):
+        def loss_fn(p):
+            outputs = model.apply({"params": p}, batch)
+            loss, parts = tiered_loss(outputs, batch, WEIGHTS)
+            return loss, (outputs, parts)
+
+        (_, (outputs, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, _ = tx.update(grads, tx.init(params), params)
+        return outputs, parts, optax.apply_updates(params, updates)
+
+    return step(params)
+
+
+@pytest.fixture(scope="module")
+def both_steps(model, params, packed, encoded, torch_model):
+    outputs, parts, new_params = jax_step(model, params, packed)
+    dense = one_batch(encoded, "dense")
+    inputs = ref.padded_inputs(dense, pad_id=encoded[0].pad_id, seq_len=CUT)
+    optimizer = ref.ReferenceAdamW(torch_model.parameters(), lr=LR, eps=1e-6)
+    weights = (WEIGHTS.pre_weight, WEIGHTS.eff_weight, WEIGHTS.conflict_weight,
+               WEIGHTS.story_weight)
+    torch_out = ref.train_step(torch_model, optimizer, lambda: torch_model.forward_padded(
+        **inputs), ref.label_tensors(dense), weights)
+    return outputs, parts, new_params, torch_out
+
+
+def test_exact_forward_matches_the_pytorch_reference(both_steps, packed):
+    outputs, parts, _, torch_out = both_steps
+    got, want = torch_out["outputs"], torch_out["losses"]
+    num_classes = EXACT.num_classes
+    for side in ("pre_logits", "eff_logits"):
+        for a, n in enumerate(num_classes):  # every cell, padding cells included
+            np.testing.assert_allclose(np.asarray(outputs[side])[..., a, :n],
+                                       got[side][a].numpy(), atol=1e-4, rtol=1e-4)
+    for key in ("conflict_logits", "conflict_prob", "story_score"):
+        np.testing.assert_allclose(outputs[key], got[key].numpy(), atol=1e-4, rtol=1e-4)
+    for key in ("pre", "eff", "conflict", "story", "total"):
+        np.testing.assert_allclose(parts[key], want[key].numpy(), atol=1e-4, rtol=1e-4)
+    assert float(want["conflict"]) > 0 and float(want["story"]) > 0
+
+
+def test_exact_optimizer_step_matches_the_pytorch_reference(both_steps, params, torch_model):
+    _, _, new_params, _ = both_steps
+    after = ref.torch_params_as_jax(torch_model, params)
+    flat_new = jax.tree_util.tree_leaves_with_path(new_params)
+    flat_ref = dict(jax.tree_util.tree_leaves_with_path(after))
+    flat_old = dict(jax.tree_util.tree_leaves_with_path(params))
+    moved = 0
+    for path, value in flat_new:
+        value, want, old = np.asarray(value), flat_ref[path], np.asarray(flat_old[path])
+        scale = np.abs(want).max()
+        assert np.abs(value - want).max() <= 1e-4 * scale, jax.tree_util.keystr(path)
+        # The step itself (about lr per parameter), not only the parameters, agrees.
+        assert np.abs((value - old) - (want - old)).max() <= 0.02 * LR, jax.tree_util.keystr(path)
+        moved += int((np.abs(want - old) > 0.1 * LR).sum())
+    assert moved > 1000
+
+
+def test_real_rows_layout_of_the_reference_equals_the_padded_one(packed, encoded, torch_model):
+    dense = one_batch(encoded, "dense")
+    with torch.no_grad():
+        padded = torch_model.forward_padded(
+            **ref.padded_inputs(dense, pad_id=encoded[0].pad_id, seq_len=CUT))
+        rows = torch_model.forward_rows(**ref.row_inputs(packed))
+    for key in ("conflict_logits", "conflict_prob", "story_score"):
+        np.testing.assert_allclose(rows[key].numpy(), padded[key].numpy(), atol=1e-5)
+    for a in range(len(EXACT.num_classes)):
+        np.testing.assert_allclose(rows["pre_logits"][a].numpy(),
+                                   padded["pre_logits"][a].numpy(), atol=1e-5)

@@ -1,0 +1,127 @@
+"""Optimizers by name: optax's AdamW, or the AdamW of the reference (``transformers.AdamW``).
+
+The two differ only in where epsilon sits. optax (like ``torch.optim.AdamW``) divides the
+bias-corrected moments::
+
+    update = lr * m_hat / (sqrt(v_hat) + eps),  m_hat = m / (1 - b1^t),  v_hat = v / (1 - b2^t)
+
+``transformers.AdamW`` (transformers 4.x, which the reference trained with) adds eps to the raw
+sqrt(v) and folds both bias corrections into the step size::
+
+    step_size = lr * sqrt(1 - b2^t) / (1 - b1^t)
+    p <- p - step_size * m / (sqrt(v) + eps)
+    p <- p - lr * weight_decay * p          (after the Adam step, on the updated p)
+
+so its effective epsilon is eps / sqrt(1 - b2^t): 3.2e-5 instead of 1e-6 at step 1 for
+eps = 1e-6, b2 = 0.999. ``clip_by_global_norm`` likewise has two forms: optax's scales by
+max_norm / norm when norm > max_norm; ``torch.nn.utils.clip_grad_norm_`` (the reference's) by
+max_norm / (norm + 1e-6) whenever that is below 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS: tuple[str, ...] = ("adamw", "hf_adamw")
+# torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing.
+TORCH_CLIP_EPS = 1e-6
+
+
+class HFAdamWState(NamedTuple):
+    """Step count and the two moment estimates (float32, like the parameters)."""
+
+    count: jax.Array
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def _one_minus_power(decay: float, count: jax.Array) -> jax.Array:
+    """1 - decay**count in float32 without the cancellation of the direct form (1 - 0.999**1
+    in float32 is off by 1.3e-5 relative; transformers computes it in float64)."""
+    return -jnp.expm1(count.astype(jnp.float32) * math.log(decay))
+
+
+def scale_by_hf_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
+                     ) -> optax.GradientTransformation:
+    """Adam direction with ``transformers.AdamW``'s epsilon placement, times -1 (the learning
+    rate is applied afterwards): returns sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)."""
+
+    def init(params):
+        zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)
+        return HFAdamWState(count=jnp.zeros((), jnp.int32), mu=jax.tree.map(zeros, params),
+                            nu=jax.tree.map(zeros, params))
+
+    def update(updates, state, params=None):
+        del params
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, updates)
+        count = state.count + 1
+        correction = jnp.sqrt(_one_minus_power(b2, count)) / _one_minus_power(b1, count)
+        direction = jax.tree.map(lambda m, v: correction * m / (jnp.sqrt(v) + eps), mu, nu)
+        return direction, HFAdamWState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def hf_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+             eps: float = 1e-6, weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """``transformers.AdamW`` (correct_bias=True) as an optax transformation.
+
+    The update is -lr * direction - lr * weight_decay * (params - lr * direction): the weight
+    decay acts on the parameters after the Adam step, as transformers applied it.
+    """
+    adam = scale_by_hf_adam(b1, b2, eps)
+    schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
+
+    def init(params):
+        return adam.init(params)
+
+    def update(updates, state, params=None):
+        step = state.count  # the schedule sees 0, 1, ... like optax.scale_by_learning_rate
+        direction, state = adam.update(updates, state)
+        lr = schedule(step)
+        updates = jax.tree.map(lambda d: -lr * d, direction)
+        if weight_decay:
+            if params is None:
+                raise ValueError("hf_adamw with weight_decay needs the parameters")
+            updates = jax.tree.map(lambda u, p: u - lr * weight_decay * (p + u), updates, params)
+        return updates, state
+
+    return optax.GradientTransformation(init, update)
+
+
+def torch_clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``torch.nn.utils.clip_grad_norm_``: scales by min(1, max_norm / (norm + 1e-6))."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = optax.tree.norm(updates)
+        scale = jnp.minimum(1.0, max_norm / (norm + TORCH_CLIP_EPS))
+        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def adamw(name: str, learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
+          weight_decay: float) -> optax.GradientTransformation:
+    """The AdamW called ``name``: "adamw" (optax) or "hf_adamw" (transformers.AdamW)."""
+    if name == "adamw":
+        return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    if name == "hf_adamw":
+        return hf_adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
+
+
+def clip_by_global_norm(name: str, max_norm: float) -> optax.GradientTransformation:
+    """Gradient clipping that goes with optimizer ``name``: optax's for "adamw", torch's for
+    "hf_adamw" (the reference clipped with torch.nn.utils.clip_grad_norm_)."""
+    if name == "hf_adamw":
+        return torch_clip_by_global_norm(max_norm)
+    if name == "adamw":
+        return optax.clip_by_global_norm(max_norm)
+    raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
