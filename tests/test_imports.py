@@ -16,9 +16,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # A module may import modules of its own floor or lower ones. "data" and "models" stand for
 # their whole sub-packages.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("schema", "config_fields", "runtime", "distributed"),
+    ("schema", "config_fields", "runtime", "distributed", "paths", "cli"),
     ("batch_contract",),
-    ("data", "models", "metrics", "losses", "explain", "reports", "sharding"),
+    ("data", "models", "metrics", "losses", "optimizers", "explain", "reports", "sharding"),
     ("builders", "protocol", "checkpoints", "metric_log", "random_baseline"),
     ("input_pipeline",),
     ("evaluate",),

@@ -108,10 +108,11 @@ def scored_pairs():
     conflict = np.zeros((2, 2, E, S), dtype=np.int32)
     conflict[:, 1, 0, [1, 3]] = 1
     pre = np.zeros((2, 2, E, S, A), dtype=np.int32)
-    args = (np.array([0, 0]), np.array([0, 1]), conflict, conflict * 0.8, pre, pre, pre, pre)
-    outcomes = metrics.pair_outcomes(*args)
+    args = metrics.TieredArrays(np.array([0, 0]), np.array([0, 1]), conflict, conflict * 0.8,
+                                pre, pre, pre, pre)
+    outcomes = metrics.pair_outcomes(args)
     records = [{"pair_id": f"p{n}", **metrics.outcome_record(outcomes, n)} for n in range(2)]
-    return metrics.tiered_metrics(*args), records
+    return metrics.tiered_metrics(args), records
 
 
 def test_report_files(fake_gcs):
