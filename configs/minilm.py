@@ -10,12 +10,12 @@ Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data):
   python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
 
 With these reference settings no run here learned to predict the conflicting sentences
-(held-out consistency 0 at the end of runs r1-r5; README "Results"), so this command does not
+(held-out consistency 0 at the end of runs r1-r5; docs/results.md), so this command does not
 beat the random baseline on consistency.
 
 Expected result (test accuracy / consistency / verifiability, %): 73.5 / 27.1 / 8.0 (random
 baseline 50.7 / 5.0 / 0.0; paper, RoBERTa-large trained on train: 72.9 / 19.1 / 9.1) from two
-runs, the second with options that are not the reference model (README "Results" has both
+runs, the second with options that are not the reference model (docs/results.md has both
 commands in full):
 
   # 1. encoder + state heads, stopped after epoch 4 (step 1016): 2,229 s on a 2-core CPU

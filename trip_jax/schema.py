@@ -1,6 +1,6 @@
 """The TRIP ontology in one place: attributes, label spaces, defaults and readable names.
 
-Everything here follows ``shared/data/trip/README.md``: the 20 attributes in dataset order, the
+Everything here follows docs/reference.md, "Task and data": the 20 attributes in dataset order, the
 class count of each precondition/effect head, the values that carry no evidence (used by the
 verifiability metric), the raw change-direction labels of the authors' release and words for
 every label (used in explanations).

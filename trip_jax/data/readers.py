@@ -1,6 +1,6 @@
 """Readers: the three TRIP file formats → typed ``StoryPair`` lists.
 
-Formats (``shared/data/trip/README.md``):
+Formats (docs/reference.md, "Task and data"):
 
 * ``cgli``: JSON Lines, one story a line, two consecutive lines form one pair (``*.cgli.jsonl``).
 * ``har``: JSON Lines, one pair a line (``*.har.jsonl``).
