@@ -18,7 +18,8 @@ from etils import epath
 from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
-from trip_jax import builders, checkpoints, metrics, paths, reports, schema
+from trip_jax import builders, checkpoints, metrics, paths, predict, reports, schema
+from trip_jax.metric_log import MetricLog
 from trip_jax.data.tokenizers import build_word_level_tokenizer, load_tokenizer, tokenizer_info
 
 BUCKET = "gs://bucket"
@@ -150,6 +151,33 @@ def test_metrics_log_appends_and_tensorboard_events(fake_gcs):
     data = events[0].read_bytes()
     assert b"train/loss" in data and b"train/accuracy" in data
     assert stored(fs) == {str(log), str(events[0])}
+
+
+def test_run_metric_log_on_gs(fake_gcs):
+    root, fs = fake_gcs
+    log = MetricLog(root / "run")
+    for step in (1, 2, 3):
+        log.write(step, "train", {"loss/total": 1.0 / step})
+    log.drop_after(2)  # what a resumed run does with records logged after its checkpoint
+    log.close()
+    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [(r["step"], r["split"]) for r in records] == [(1, "train"), (2, "train")]
+    assert any(name.startswith("gs://bucket/run/tensorboard/events.out.tfevents.")
+               for name in stored(fs))
+
+
+def test_predictions_read_and_written_on_gs(fake_gcs):
+    root, fs = fake_gcs
+    given = root / "in" / "pairs.jsonl"
+    given.write_text('{"id": "a", "stories": []}\n{"id": "b"}\n')
+    requests, problems = predict.read_requests(str(given), max_sentences=7)
+    assert requests == [] and sorted(problems) == [1, 2]
+    output = root / "run" / "predict" / "pairs.jsonl"
+    predict._write(output, [], problems, str(given))
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [(r["line"], r["id"]) for r in written] == [(1, "a"), (2, "b")]
+    assert str(output) in stored(fs)
 
 
 def test_local_workdirs_keep_working(tmp_path):
