@@ -131,3 +131,24 @@ def test_contract_table_names_every_key():
         assert f"| `{f.name}` |" in table
     assert batch_contract.ROW_KEYS == ("input_ids", "attention_mask", "token_type_ids",
                                        "row_index")
+
+
+def test_exact_mode_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_config):
+    config = tiny_config("exact")
+    config.data.max_pairs = 6
+    run = input_pipeline.prepare_data(config)
+    layout = run.layout
+    assert (layout.entity_padding, layout.token_types, layout.max_length) == (
+        "data_max", "zeros", 16)
+    stories = [story for pairs in (run.splits.train, run.splits.selection, run.splits.test)
+               for pair in pairs for story in pair.stories]
+    largest = max(story.num_entities for story in stories)
+    assert layout.num_entities == largest
+    for encoded in (run.train, run.test):
+        for batch in input_pipeline.batch_stream(encoded, layout, 2):
+            check_batch(batch, max_sentences=S)
+            assert batch["row_mask"].shape[2] == largest  # E: the data's, not a bucket
+            assert not batch["token_type_ids"].any()
+    clean = input_pipeline.prepare_data(tiny_config("clean")).layout
+    assert (clean.entity_padding, clean.num_entities, clean.token_types) == (
+        "bucket", None, "segments")

@@ -228,20 +228,3 @@ def test_buckets_bounds():
     assert len({buckets.rows(n) for n in range(1, 5000)}) <= 4 * 9 + 1
     with pytest.raises(ValueError, match="rows_per_octave"):
         Buckets(row_min=10)
-
-
-def test_unpack_outputs_per_pair():
-    pairs = [_hand_pair()]
-    (enc,) = encode_pairs(pairs, _tokenizer("bert", pairs))
-    batch = build_batch([None, enc], [-1, 0], layout="packed", num_entities=3, seq_len=16,
-                        pad_id=enc.pad_id, max_sentences=4)
-    outputs = {"pre_pred": batch["pre_label"], "conflict_prob": batch["conflict_label"] * 0.5,
-               "story_score": np.asarray([[0.0, 0.0], [-1.0, -2.0]]), "story_pred": np.asarray([0, 1])}
-    unpacked = features.unpack_outputs(outputs, batch, [enc])
-    assert list(unpacked) == [0]
-    got = unpacked[0]
-    assert [x.shape for x in got["pre_pred"]] == [(2, 2, 20), (3, 3, 20)]
-    for story, pre in zip(pairs[0].stories, got["pre_pred"]):
-        np.testing.assert_array_equal(pre, story.states[:, :, 0])
-    assert got["conflict_prob"][1].tolist() == [[0, 0.5, 0.5], [0, 0, 0], [0, 0, 0]]
-    assert got["story_score"].tolist() == [-1.0, -2.0] and got["story_pred"] == 1

@@ -12,7 +12,7 @@ warning with that count.
   row count rounded up to a bucket and ``row_index`` places each row in the flat (B, 2, E, S) grid;
 - dense (the reference's): every pair padded to E x S rows per story, R = B*2*E*S.
 ``Buckets`` rounds E, T and R up to small sets of values so that jit sees few shapes; S is fixed
-(``max_sentences``). ``unpack_outputs`` slices per-row model outputs back to each pair.
+(``max_sentences``).
 
 With ``short_seq_len`` the packed rows are split into two encoder groups: rows of at most that
 many tokens go to the ``short_*`` arrays, padded only to ``short_seq_len``, the others to the
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -398,31 +398,3 @@ def _row_arrays(rows: _Rows, members: np.ndarray, row_of: np.ndarray, row_index:
     attention_mask[:, 0] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             "token_type_ids": token_type_ids, "row_index": row_index.astype(np.int32)}
-
-
-def unpack_outputs(outputs: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
-                   encoded_pairs: Sequence[EncodedPair]) -> dict[int, dict]:
-    """Splits batched model outputs into per-pair values, keyed by pair index.
-
-    An output shaped [B, 2, E, S, ...] becomes a tuple of the two stories' arrays cut to their own
-    entities and sentences ([E_k, S_k, ...]); [B, ...] outputs become the pair's entry. Padding
-    pairs are skipped. ``encoded_pairs`` is the list that ``pair_index`` indexes.
-    """
-    B, _, E, S = batch["row_mask"].shape
-    result = {}
-    for b in np.flatnonzero(batch["pair_mask"]):
-        index = int(batch["pair_index"][b])
-        pair = encoded_pairs[index]
-        values = {}
-        for key, value in outputs.items():
-            value = np.asarray(value)
-            if value.shape[:4] == (B, 2, E, S):
-                values[key] = tuple(value[b, k, :st.num_entities, :st.num_sentences]
-                                    for k, st in enumerate(pair.stories))
-            elif value.shape[:1] == (B,):
-                values[key] = value[b]
-            else:
-                raise ValueError(f"output {key!r} of shape {value.shape} is not per pair "
-                                 f"(leading dimension {B})")
-        result[index] = values
-    return result
