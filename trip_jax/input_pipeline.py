@@ -29,6 +29,10 @@ from trip_jax.data.features import Buckets, EncodedPair
 from trip_jax.data.types import StoryPair
 
 
+# data.entity_padding: E rounded per batch, or the data's largest entity count (the reference's).
+ENTITY_PADDINGS: tuple[str, ...] = ("bucket", "data_max")
+
+
 class UnknownSplitError(ValueError):
     """A split the protocol does not have, or one without pairs."""
 
@@ -78,9 +82,9 @@ class Layout:
         process, pad alike); unchanged for "bucket"."""
         if self.entity_padding == "bucket":
             return self
-        if self.entity_padding != "data_max":
-            raise ValueError(f"unknown data.entity_padding {self.entity_padding!r}; expected "
-                             "'bucket' or 'data_max'")
+        if self.entity_padding not in ENTITY_PADDINGS:
+            raise ValueError(f"unknown data.entity_padding {self.entity_padding!r}; expected one "
+                             f"of {ENTITY_PADDINGS}")
         stories = [story for pairs in (splits.train, splits.selection, splits.test)
                    for pair in pairs for story in pair.stories]
         return dataclasses.replace(

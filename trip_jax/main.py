@@ -31,8 +31,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trip_jax import (builders, checkpoints, cli, distributed, evaluate, input_pipeline, predict,
-                      protocol, random_baseline, runtime, train)
+from trip_jax import (builders, checkpoints, cli, distributed, evaluate, input_pipeline,
+                      optimizers, predict, protocol, random_baseline, runtime, train)
 from trip_jax.data import features, readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
@@ -109,6 +109,11 @@ CONFIG_CHOICES: dict[str, tuple] = {
     "data.layout": features.LAYOUTS,
     "model.dtype": tuple(builders.DTYPES),
     "model.tiered.story_score": tiered.STORY_SCORES,
+    "model.tiered.padding_rows": tiered.PADDING_ROWS,
+    "model.tiered.padding_row_attention": tiered.PADDING_ROW_ATTENTION,
+    "data.token_types": features.TOKEN_TYPES,
+    "data.entity_padding": input_pipeline.ENTITY_PADDINGS,
+    "train.optimizer": optimizers.OPTIMIZERS,
     "train.schedule": train.SCHEDULES,
     "train.prng_impl": runtime.PRNG_IMPLS,
 }

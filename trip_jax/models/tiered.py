@@ -95,18 +95,11 @@ class TieredConfig:
             raise ValueError(
                 f"detector width {self.detector_d_model} (embedding_projection + "
                 f"state_projection) must be divisible by detector_heads={self.detector_heads}")
-        if self.detector_activation not in _ACTIVATIONS:
-            raise ValueError(f"detector_activation must be one of {sorted(_ACTIVATIONS)}, "
-                             f"got {self.detector_activation!r}")
-        if self.story_score not in STORY_SCORES:
-            raise ValueError(f"story_score must be one of {STORY_SCORES}, "
-                             f"got {self.story_score!r}")
-        if self.padding_rows not in PADDING_ROWS:
-            raise ValueError(f"padding_rows must be one of {PADDING_ROWS}, "
-                             f"got {self.padding_rows!r}")
-        if self.padding_row_attention not in PADDING_ROW_ATTENTION:
-            raise ValueError(f"padding_row_attention must be one of {PADDING_ROW_ATTENTION}, "
-                             f"got {self.padding_row_attention!r}")
+        for name, choices in (("detector_activation", sorted(_ACTIVATIONS)),
+                              ("story_score", STORY_SCORES), ("padding_rows", PADDING_ROWS),
+                              ("padding_row_attention", PADDING_ROW_ATTENTION)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.padding_row_length < 1:
             raise ValueError(f"padding_row_length must be >= 1, got {self.padding_row_length}")
 
