@@ -121,7 +121,11 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean"
     # "segments": the tokenizer's token type ids; "zeros": all 0 (the reference).
     config.data.token_types = "segments"
     config.data.seq_len = 0           # fixed T for every batch (0: bucketed per batch)
-    config.data.layout = "packed"     # "packed" (real rows only) | "dense" (the reference's)
+    # "packed" (real rows only) | "dense" (the reference's) | "packed_tokens" (real rows packed
+    # into sequences of pack_length tokens; at most max_shapes batch shapes per split).
+    config.data.layout = "packed"
+    config.data.pack_length = 64
+    config.data.max_shapes = 4
     # Packed layout: rows of at most this many tokens are encoded as a second group padded only
     # to it, the others padded to T (fewer encoder tokens, same results; 0: one group).
     config.data.short_seq_len = 0

@@ -6,7 +6,9 @@ Named dimensions:
   ``E`` entity slots per story, ``S`` sentence slots (``data.max_sentences``), ``A`` the 20
   attributes (``schema.ATTRIBUTES``), ``C`` classes per attribute head (``schema.MAX_CLASSES``);
 - ``R`` encoder rows and ``T`` tokens per row of the main row group; ``R_short`` and
-  ``T_short`` the same for the optional group of short rows (``data.short_seq_len``).
+  ``T_short`` the same for the optional group of short rows (``data.short_seq_len``);
+- packed_tokens layout: ``N`` packed sequences of ``P`` tokens (``data.pack_length``), ``R``
+  rows (segments of those sequences) and ``K`` (story, entity) tracks.
 
 Every (pair, story, entity, sentence) cell of the ``[B, 2, E, S]`` grid is one encoder row, real
 or padding. The encoder sees only the rows of the row groups: in the packed layout the real
@@ -64,6 +66,22 @@ ROW_FIELDS: tuple[Field, ...] = (
 )
 ROW_KEYS: tuple[str, ...] = tuple(f.name for f in ROW_FIELDS)
 
+# Encoder arrays of the packed_tokens layout: rows concatenated into sequences, one segment each.
+PACKED_TOKEN_FIELDS: tuple[Field, ...] = (
+    Field("input_ids", ("N", "P"), "int32", "packed sequences of row tokens; padding tokens "
+          "hold the pad id"),
+    Field("attention_mask", ("N", "P"), "int32", "1 on real tokens (segment_ids > 0)"),
+    Field("token_type_ids", ("N", "P"), "int32", "each row's segment ids, as in the row layouts"),
+    Field("segment_ids", ("N", "P"), "int32", "k >= 1 on the tokens of the k-th row of the "
+          "sequence, 0 on padding: tokens attend within their segment, positions restart there"),
+    Field("row_start", ("R",), "int32", "flat index n*P + p of each row's first token (0 for "
+          "padding rows)"),
+    Field("row_index", ("R",), "int32", "flat index of the row's cell in the [B, 2, E, S] grid; "
+          "B*2*E*S for a padding row"),
+    Field("track_index", ("K",), "int32", "flat index into the [B, 2, E] tracks of each track "
+          "with a real row, ascending; B*2*E for padding entries"),
+)
+
 # Per-pair arrays: the grid of cells, labels and bookkeeping.
 PAIR_FIELDS: tuple[Field, ...] = (
     Field("row_mask", ("B", "2", "E", "S"), "bool", "True where the cell is a real (entity, "
@@ -107,8 +125,16 @@ class BatchContractError(ValueError):
     """An array is missing, unexpected, or has the wrong shape or dtype."""
 
 
+def is_packed_tokens(batch: Mapping[str, Any]) -> bool:
+    """Whether ``batch`` is in the packed_tokens layout (its rows are segments of sequences)."""
+    return "segment_ids" in batch
+
+
 def row_groups(batch: Mapping[str, Any]) -> list[str]:
-    """Key prefixes of the encoder row groups present in ``batch`` (main group first)."""
+    """Key prefixes of the encoder row groups present in a packed or dense ``batch`` (main group
+    first); [] for the packed_tokens layout, which has no [R, T] row arrays."""
+    if is_packed_tokens(batch):
+        return []
     return [prefix for prefix in ROW_GROUPS if prefix + "input_ids" in batch]
 
 
@@ -155,9 +181,12 @@ def check_batch(batch: Mapping[str, Any], *, max_sentences: int | None = None,
     exactly once), ``R == B*2*E*S`` for ``layout="dense"``. Raises BatchContractError.
     """
     groups = row_groups(batch)
-    if "" not in groups:
+    if is_packed_tokens(batch):
+        fields = [*PACKED_TOKEN_FIELDS, *PAIR_FIELDS]
+    elif "" not in groups:
         raise BatchContractError("batch has no 'input_ids' (the main row group)")
-    fields = batch_fields(groups)
+    else:
+        fields = batch_fields(groups)
     names = {f.name for f in fields}
     missing = sorted(names - set(batch))
     unknown = sorted(set(batch) - names)
@@ -172,7 +201,11 @@ def check_batch(batch: Mapping[str, Any], *, max_sentences: int | None = None,
     if layout == "dense" and (groups != [""] or sizes["R"] != cells):
         raise BatchContractError(f"a dense batch has one row group of B*2*E*S={cells} rows, "
                                  f"got R={sizes['R']} and groups {groups}")
-    index = np.concatenate([np.asarray(batch[p + "row_index"]) for p in groups])
+    if layout == "packed_tokens" and not is_packed_tokens(batch):
+        raise BatchContractError("a packed_tokens batch has segment_ids")
+    if is_packed_tokens(batch):
+        _check_packed_tokens(batch, sizes)
+    index = np.concatenate([np.asarray(batch[p + "row_index"]) for p in groups or [""]])
     if index.size and (index.min() < 0 or index.max() > cells):
         raise BatchContractError(f"row_index outside 0..{cells}")
     real = index[index < cells]
@@ -188,6 +221,30 @@ def check_batch(batch: Mapping[str, Any], *, max_sentences: int | None = None,
     if (np.asarray(batch["pair_index"])[pair_mask] < 0).any():
         raise BatchContractError("a real pair has a negative pair_index")
     return sizes
+
+
+def _check_packed_tokens(batch: Mapping[str, Any], sizes: Mapping[str, int]) -> None:
+    """The packed_tokens checks of ``check_batch``: rows start on their own segment's first
+    token, and ``track_index`` lists exactly the tracks with real rows."""
+    segments = np.asarray(batch["segment_ids"]).reshape(-1)
+    start = np.asarray(batch["row_start"])
+    real = np.asarray(batch["row_index"]) < sizes["B"] * 2 * sizes["E"] * sizes["S"]
+    if start.size and (start.min() < 0 or start.max() >= segments.size):
+        raise BatchContractError(f"row_start outside 0..{segments.size - 1}")
+    first = start[real]
+    if (segments[first] == 0).any() or ((first % sizes["P"] > 0)
+                                        & (segments[first - 1] == segments[first])).any():
+        raise BatchContractError("a row_start is not the first token of a segment")
+    if not np.array_equal(np.asarray(batch["attention_mask"]).reshape(-1), segments > 0):
+        raise BatchContractError("attention_mask differs from segment_ids > 0")
+    row_mask = np.asarray(batch["row_mask"])
+    num_tracks = row_mask.size // row_mask.shape[-1]
+    tracks = np.asarray(batch["track_index"])
+    expected = np.flatnonzero(row_mask.reshape(num_tracks, -1).any(axis=-1))
+    if (tracks.size < expected.size or not np.array_equal(tracks[:expected.size], expected)
+            or (tracks[expected.size:] != num_tracks).any()):
+        raise BatchContractError("track_index does not list exactly the tracks with real rows "
+                                 "(ascending, then padding entries B*2*E)")
 
 
 def check_outputs(outputs: Mapping[str, Any], batch_sizes: Mapping[str, int]
@@ -213,6 +270,8 @@ def zeros(sizes: Mapping[str, int], groups: tuple[str, ...] = ("",)) -> dict[str
 def describe() -> str:
     """The contract as a Markdown table (for docs/reference.md, section "Batch contract")."""
     lines = ["| Key | Shape | Dtype | Meaning |", "|---|---|---|---|"]
-    for f in (*ROW_FIELDS, *PAIR_FIELDS, *OUTPUT_FIELDS):
+    packed_tokens = [dataclasses.replace(f, meaning="packed_tokens: " + f.meaning)
+                     for f in PACKED_TOKEN_FIELDS]
+    for f in (*ROW_FIELDS, *packed_tokens, *PAIR_FIELDS, *OUTPUT_FIELDS):
         lines.append(f"| `{f.name}` | [{', '.join(f.dims)}] | {f.dtype} | {f.meaning} |")
     return "\n".join(lines) + "\n"

@@ -43,14 +43,18 @@ class Layout:
 
     max_sentences: S, the sentence slots of every story.
     max_length: rows longer than this are cut when encoding, with a report (None: never cut).
-    layout: "packed" (real rows only) or "dense" (every cell a row, as the reference).
-    seq_len: fixed T of every batch (None: bucketed per batch).
+    layout: "packed" (real rows only), "dense" (every cell a row, as the reference) or
+      "packed_tokens" (real rows concatenated into sequences of ``pack_length`` tokens).
+    seq_len: fixed T of every batch (None: bucketed per batch; packed and dense only).
+    pack_length: P, the tokens of a packed sequence (packed_tokens).
+    max_shapes: at most this many batch shapes per split and batch size (packed_tokens).
     short_seq_len: rows of at most this many tokens form a second row group (None: one group).
     buckets: rounding of E, T and R to few shapes.
     token_types: "segments" (the tokenizer's type ids) or "zeros" (the reference's).
     entity_padding: "bucket" (E rounded per batch) or "data_max" (every story padded to the
       data's largest entity count, as the reference; ``for_splits`` fills in that count).
-    num_entities: the fixed E of every batch (None: bucketed per batch).
+    num_entities: the fixed E of every batch (None: bucketed per batch; packed_tokens: the
+      largest count of the pairs batched, or of the three splits after ``for_splits``).
     """
 
     max_sentences: int = features.DEFAULT_MAX_SENTENCES
@@ -62,6 +66,19 @@ class Layout:
     token_types: str = "segments"
     entity_padding: str = "bucket"
     num_entities: int | None = None
+    pack_length: int = batching.DEFAULT_PACK_LENGTH
+    max_shapes: int = batching.DEFAULT_MAX_SHAPES
+
+    def __post_init__(self):
+        if self.layout not in features.LAYOUTS:
+            raise ValueError(f"unknown data.layout {self.layout!r}; expected one of "
+                             f"{features.LAYOUTS}")
+        if self.layout == "packed_tokens" and (self.seq_len or self.short_seq_len):
+            raise ValueError("data.seq_len and data.short_seq_len apply to the packed and dense "
+                             "layouts; packed_tokens packs rows into data.pack_length tokens")
+        if self.pack_length < 1 or self.max_shapes < 1:
+            raise ValueError(f"data.pack_length ({self.pack_length}) and data.max_shapes "
+                             f"({self.max_shapes}) must be >= 1")
 
     @classmethod
     def from_config(cls, data_config) -> "Layout":
@@ -74,13 +91,15 @@ class Layout:
                    buckets=Buckets(**data_config.buckets),
                    # .get: configs saved before these keys existed had the "clean" values.
                    token_types=data_config.get("token_types", "segments"),
-                   entity_padding=data_config.get("entity_padding", "bucket"))
+                   entity_padding=data_config.get("entity_padding", "bucket"),
+                   pack_length=data_config.get("pack_length", batching.DEFAULT_PACK_LENGTH),
+                   max_shapes=data_config.get("max_shapes", batching.DEFAULT_MAX_SHAPES))
 
     def for_splits(self, splits: protocol.ProtocolSplits) -> "Layout":
         """This layout with E fixed to the largest entity count of the protocol's three splits
-        when ``entity_padding`` is "data_max" (so training, selection and test, and every
-        process, pad alike); unchanged for "bucket"."""
-        if self.entity_padding == "bucket":
+        when ``entity_padding`` is "data_max" or the layout is packed_tokens (so training,
+        selection and test, and every process, pad alike); unchanged otherwise."""
+        if self.entity_padding == "bucket" and self.layout != "packed_tokens":
             return self
         if self.entity_padding not in ENTITY_PADDINGS:
             raise ValueError(f"unknown data.entity_padding {self.entity_padding!r}; expected one "
@@ -137,8 +156,10 @@ def batch_stream(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int
     return batching.batches(
         encoded, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, layout=layout.layout,
         process_index=jax.process_index(), process_count=jax.process_count(),
-        buckets=layout.buckets, seq_len=layout.seq_len, max_sentences=layout.max_sentences,
-        short_seq_len=layout.short_seq_len, num_entities=layout.num_entities)
+        buckets=layout.buckets, max_sentences=layout.max_sentences,
+        seq_len=layout.pack_length if layout.layout == "packed_tokens" else layout.seq_len,
+        short_seq_len=layout.short_seq_len, num_entities=layout.num_entities,
+        max_shapes=layout.max_shapes)
 
 
 def num_batches(num_pairs: int, batch_size: int) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from trip_jax.batch_contract import row_groups
+from trip_jax.batch_contract import is_packed_tokens, row_groups
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp")
 # The batch's leading dimension is split over every device.
@@ -98,6 +98,8 @@ def pad_rows(batch: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.nda
     """
     padded = dict(batch)
     slots = int(np.prod(batch["row_mask"].shape))
+    if is_packed_tokens(batch):
+        return _pad_packed_tokens(padded, multiple, slots)
     for prefix in row_groups(batch):
         extra = -batch[prefix + "input_ids"].shape[0] % multiple
         if not extra:
@@ -111,6 +113,22 @@ def pad_rows(batch: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.nda
         index = batch[prefix + "row_index"]
         padded[prefix + "row_index"] = np.concatenate([index, np.full(extra, slots, index.dtype)])
     return padded
+
+
+def _pad_packed_tokens(batch: dict[str, np.ndarray], multiple: int, slots: int
+                       ) -> dict[str, np.ndarray]:
+    """``pad_rows`` for the packed_tokens layout: sequences (all padding), rows (pointing past
+    the grid) and tracks (past the tracks) each padded to a multiple of ``multiple``."""
+    tracks = slots // batch["row_mask"].shape[-1]
+    groups = ((("input_ids", "attention_mask", "token_type_ids", "segment_ids"), 0),
+              (("row_start",), 0), (("row_index",), slots), (("track_index",), tracks))
+    for keys, fill in groups:
+        extra = -batch[keys[0]].shape[0] % multiple
+        for key in keys:
+            value = batch[key]
+            filler = np.full((extra,) + value.shape[1:], fill, value.dtype)
+            batch[key] = np.concatenate([value, filler])
+    return batch
 
 
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
@@ -136,7 +154,17 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
                          f"batch, but it built {pairs} pairs")
     cells = int(np.prod(batch["row_mask"].shape[1:]))  # 2 * E * S per pair
     local_slots = pairs * cells
-    for prefix in row_groups(batch):
+    if is_packed_tokens(batch):
+        # Rows point at tokens of this process's sequences, tracks at its pairs' tracks.
+        sequences, length = batch["input_ids"].shape
+        first_sequence = _local_block(sharding, (sequences * jax.process_count(),))[0]
+        batch["row_start"] = (batch["row_start"] + first_sequence * length).astype(np.int32)
+        tracks = cells // batch["row_mask"].shape[-1]  # 2 * E per pair
+        track_index = batch["track_index"].astype(np.int64)
+        batch["track_index"] = np.where(track_index < pairs * tracks,
+                                        track_index + first * tracks,
+                                        global_pairs * tracks).astype(np.int32)
+    for prefix in row_groups(batch) or [""]:
         row_index = batch[prefix + "row_index"].astype(np.int64)
         batch[prefix + "row_index"] = np.where(row_index < local_slots, row_index + first * cells,
                                                global_pairs * cells).astype(np.int32)

@@ -7,10 +7,15 @@ token length T is chosen later, per batch, from the data. Rows are never cut sil
 ``truncation_report`` says how many rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a
 warning with that count.
 
-``build_batch`` lays a list of encoded pairs out in one of two layouts of the same arrays:
+``build_batch`` lays a list of encoded pairs out in one of three layouts of the same arrays:
 - packed: only real rows are encoder rows, in (pair, story, entity, sentence) order; R is the real
   row count rounded up to a bucket and ``row_index`` places each row in the flat (B, 2, E, S) grid;
-- dense (the reference's): every pair padded to E x S rows per story, R = B*2*E*S.
+- dense (the reference's): every pair padded to E x S rows per story, R = B*2*E*S;
+- packed_tokens: the real rows concatenated into N sequences of P tokens (``pack_rows``: first
+  fit, longest row first), each row a segment of its own (``segment_ids``; the encoder attends
+  within a segment and restarts positions there); ``row_start`` points at each row's first token
+  and ``track_index`` lists the (story, entity) tracks that hold real rows. Sizes (N, R, K) come
+  from the caller (``trip_jax.data.batching`` picks them from a few shape classes).
 ``Buckets`` rounds E, T and R up to small sets of values so that jit sees few shapes; S is fixed
 (``max_sentences``).
 
@@ -36,7 +41,7 @@ from trip_jax.data.types import Story, StoryPair
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SENTENCES = 7
-LAYOUTS: tuple[str, ...] = ("packed", "dense")
+LAYOUTS: tuple[str, ...] = ("packed", "dense", "packed_tokens")
 # "segments": the tokenizer's token type ids (1 for the sentence with BERT-style tokenizers);
 # "zeros": all 0, as the reference, which passed no token type ids to the encoder.
 TOKEN_TYPES: tuple[str, ...] = ("segments", "zeros")
@@ -284,7 +289,8 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
                 layout: str, num_entities: int, seq_len: int, pad_id: int,
                 max_sentences: int = DEFAULT_MAX_SENTENCES,
                 num_rows: int | None = None, short_seq_len: int | None = None,
-                num_short_rows: int | None = None) -> dict[str, np.ndarray]:
+                num_short_rows: int | None = None, num_sequences: int | None = None,
+                num_tracks: int | None = None) -> dict[str, np.ndarray]:
     """Lays ``pairs`` out as one Batch dict (see the Batch contract); None marks a padding pair.
 
     ``num_entities`` (E), ``seq_len`` (T) and, for the packed layout, ``num_rows`` (R; default:
@@ -292,6 +298,9 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
     never cut. Padding rows hold pad tokens with attention_mask[:, 0] = 1. ``short_seq_len``
     (packed only) moves rows of at most that many tokens to the ``short_*`` group of
     ``num_short_rows`` rows (default: exactly those rows); ``num_rows`` then counts the others.
+    packed_tokens: ``seq_len`` is the packed sequence length P, ``num_sequences`` (N),
+    ``num_rows`` (R) and ``num_tracks`` (K) the padded counts (default: exactly what the rows
+    need); a row longer than P is an error.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
@@ -332,12 +341,15 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
         lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int32),
         tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
         type_ids=np.concatenate(type_ids) if type_ids else np.zeros(0, np.int32))
-    if rows.lengths.size and rows.lengths.max() > T:
+    if layout != "packed_tokens" and rows.lengths.size and rows.lengths.max() > T:
         raise ValueError(f"a row has {rows.lengths.max()} tokens but seq_len is {T}; pick a larger "
                          "seq_len or encode with max_length to truncate (with a report)")
 
     batch = {}
-    if layout == "dense":
+    if layout == "packed_tokens":
+        batch.update(_packed_token_arrays(rows, T, pad_id, num_sequences, num_rows, slots))
+        batch["track_index"] = track_index(row_mask, num_tracks)
+    elif layout == "dense":
         batch.update(_row_arrays(rows, np.arange(rows.lengths.size), rows.positions,
                                  np.arange(slots, dtype=np.int32), slots, T, pad_id))
     else:
@@ -365,6 +377,80 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
         "pair_index": np.asarray(pair_index, dtype=np.int32),
     })
     return batch
+
+
+def pack_rows(lengths: np.ndarray, pack_length: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Packs rows of ``lengths`` tokens into sequences of ``pack_length`` tokens.
+
+    First fit, longest row first (ties in row order): deterministic, and every sequence but the
+    last opened is more than ``pack_length - longest row`` full. Returns (sequence of each row,
+    token offset of each row in it, number of sequences). A row longer than ``pack_length`` is
+    an error.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and lengths.max() > pack_length:
+        raise ValueError(f"a row has {lengths.max()} tokens but the pack length is {pack_length}; "
+                         "raise data.pack_length or cut rows with data.max_length (with a report)")
+    sequence = np.zeros(lengths.size, np.int32)
+    offset = np.zeros(lengths.size, np.int32)
+    free = np.zeros(lengths.size, np.int64)  # room left in each opened sequence
+    opened = 0
+    for row in np.argsort(-lengths, kind="stable"):
+        fits = np.flatnonzero(free[:opened] >= lengths[row])
+        if fits.size:
+            target = fits[0]
+        else:
+            target, opened = opened, opened + 1
+            free[target] = pack_length
+        sequence[row] = target
+        offset[row] = pack_length - free[target]
+        free[target] -= lengths[row]
+    return sequence, offset, opened
+
+
+def _packed_token_arrays(rows: "_Rows", pack_length: int, pad_id: int, num_sequences: int | None,
+                         num_rows: int | None, slots: int) -> dict[str, np.ndarray]:
+    """Encoder arrays of the packed_tokens layout (module docstring) for the real ``rows``."""
+    n = rows.lengths.size
+    sequence, offset, used = pack_rows(rows.lengths, pack_length)
+    N = used if num_sequences is None else num_sequences
+    R = n if num_rows is None else num_rows
+    if used > N or n > R:
+        raise ValueError(f"{n} real rows packed into {used} sequences do not fit {R} rows in "
+                         f"{N} sequences")
+    input_ids = np.full(N * pack_length, pad_id, dtype=np.int32)
+    token_type_ids = np.zeros(N * pack_length, dtype=np.int32)
+    segment_ids = np.zeros(N * pack_length, dtype=np.int32)
+    row_start = np.zeros(R, dtype=np.int32)
+    row_start[:n] = sequence * pack_length + offset
+    if n:
+        # Segment k of a sequence is the k-th row placed in it (rows are placed left to right).
+        order = np.lexsort((offset, sequence))
+        segment = np.empty(n, np.int32)
+        firsts = np.r_[True, sequence[order][1:] != sequence[order][:-1]]
+        counter = np.arange(n) - np.maximum.accumulate(np.where(firsts, np.arange(n), 0))
+        segment[order] = counter + 1
+        lengths = rows.lengths
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        target = np.repeat(row_start[:n], lengths) + within
+        input_ids[target] = rows.tokens
+        token_type_ids[target] = rows.type_ids
+        segment_ids[target] = np.repeat(segment, lengths)
+    row_index = np.full(R, slots, dtype=np.int32)
+    row_index[:n] = rows.positions
+    shape = (N, pack_length)
+    return {"input_ids": input_ids.reshape(shape),
+            "attention_mask": (segment_ids > 0).astype(np.int32).reshape(shape),
+            "token_type_ids": token_type_ids.reshape(shape),
+            "segment_ids": segment_ids.reshape(shape),
+            "row_start": row_start, "row_index": row_index}
+
+
+def pair_demand(pair: EncodedPair) -> tuple[int, int, int]:
+    """(real rows, real tokens, real tracks) of one pair: what it adds to a packed_tokens batch."""
+    tracks = sum(s.num_entities for s in pair.stories if s.num_sentences)
+    tokens = sum(int(s.lengths.sum()) for s in pair.stories)
+    return pair.num_rows, tokens, tracks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,3 +484,15 @@ def _row_arrays(rows: _Rows, members: np.ndarray, row_of: np.ndarray, row_index:
     attention_mask[:, 0] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             "token_type_ids": token_type_ids, "row_index": row_index.astype(np.int32)}
+
+
+def track_index(row_mask: np.ndarray, num_tracks: int | None = None) -> np.ndarray:
+    """Flat (B, 2, E) indices of the (story, entity) tracks with a real row, ascending, padded
+    with B*2*E up to ``num_tracks`` (default: exactly the real tracks)."""
+    row_mask = np.asarray(row_mask, bool)
+    tracks = row_mask.reshape(-1, row_mask.shape[-1]).any(axis=-1)
+    real = np.flatnonzero(tracks).astype(np.int32)
+    K = real.size if num_tracks is None else num_tracks
+    if real.size > K:
+        raise ValueError(f"{real.size} real tracks do not fit {K} tracks")
+    return np.concatenate([real, np.full(K - real.size, tracks.size, np.int32)])
