@@ -220,11 +220,13 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
     pairs = [_pair(request, names) for request, names, _ in resolved]
     layout = input_pipeline.Layout.from_config(config.data)
     encoded = input_pipeline.encode(pairs, restored.tokenizer, layout)
+    limit, key = ((layout.pack_length, "pack_length") if layout.layout == "packed_tokens"
+                  else (layout.seq_len, "seq_len"))
     keep = []
     for x, (request, _, _) in enumerate(resolved):
-        if layout.seq_len and encoded[x].max_length > layout.seq_len:
+        if limit and encoded[x].max_length > limit:
             problems[request.line] = (f"a row has {encoded[x].max_length} tokens, more than the "
-                                      f"fixed config.data.seq_len={layout.seq_len}")
+                                      f"fixed config.data.{key}={limit}")
         else:
             keep.append(x)
     predictions = None
