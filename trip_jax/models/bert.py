@@ -4,6 +4,10 @@ The module tree mirrors ``FlaxBertModel`` / ``FlaxRobertaModel`` (embeddings/wor
 embedding, encoder/layer/0/attention/self/query/kernel, .../LayerNorm/scale, ...) so that
 ``flax_model.msgpack`` files load as they are and PyTorch checkpoints load by renaming
 (``trip_jax.models.weights``). There is no pooler: the tiered model reads position 0.
+
+Packed sequences: with ``segment_ids`` (``trip_jax.models.packing``) several rows share one
+sequence; attention is block-diagonal per row and positions restart at each row (RoBERTa's at
+pad_token_id + 1), so each row's hidden states equal those of the row encoded alone.
 """
 
 from __future__ import annotations
@@ -15,29 +19,49 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from trip_jax.models.activations import get_activation
+from trip_jax.models.packing import segment_attention_mask, segment_positions
 
 # Families whose position ids start at pad_token_id + 1 and skip padding tokens.
 _PADDING_OFFSET_POSITIONS = ("roberta",)
 
 
-def position_ids(config, input_ids: jax.Array) -> jax.Array:
-    """Returns absolute position ids [N, T]: 0.. for BERT; RoBERTa counts from pad_id + 1, pads get pad_id."""
-    if getattr(config, "model_type", None) in _PADDING_OFFSET_POSITIONS:
+def position_ids(config, input_ids: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    """Returns absolute position ids [N, T]: 0.. for BERT; RoBERTa counts from pad_id + 1, pads get pad_id.
+
+    With ``segment_ids`` (packed rows) the count restarts at each row: the offset in the row for
+    BERT, pad_id + 1 + offset for RoBERTa (whose padding tokens, segment 0, get pad_id).
+    """
+    roberta = getattr(config, "model_type", None) in _PADDING_OFFSET_POSITIONS
+    if segment_ids is not None:
+        offsets = segment_positions(segment_ids)
+        if roberta:
+            pad = config.pad_token_id
+            return jnp.where(segment_ids > 0, offsets + pad + 1, pad)
+        return offsets
+    if roberta:
         pad = config.pad_token_id
         not_pad = (input_ids != pad).astype(jnp.int32)
         return jnp.cumsum(not_pad, axis=1) * not_pad + pad
     return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
 
 
-def attention_bias(attention_mask: jax.Array, mask_bias: float | None = None) -> jax.Array:
+def attention_bias(attention_mask: jax.Array, mask_bias: float | None = None,
+                   segment_ids: jax.Array | None = None) -> jax.Array:
     """Additive float32 bias [N, 1, 1, T]: 0 where attended, ``mask_bias`` where masked.
+
+    With ``segment_ids`` the bias is [N, 1, T, T] and block-diagonal: a query attends only to
+    the keys of its own non-zero segment (``packing.segment_attention_mask``); the query rows of
+    padding tokens are fully masked.
 
     The default, the float32 minimum, is today's transformers: a fully masked row attends
     uniformly to all its tokens. transformers 4.x before 4.21 (the TRIP reference ran 4.11)
     added -10000.0 instead: every score of a fully masked row shifts by the same amount, so it
     attends as if unmasked (its scores rounded to the float32 spacing near 10000, ~1e-3).
     """
-    keep = attention_mask.astype(bool)[:, None, None, :]
+    if segment_ids is None:
+        keep = attention_mask.astype(bool)[:, None, None, :]
+    else:
+        keep = segment_attention_mask(segment_ids)
     masked = jnp.finfo(jnp.float32).min if mask_bias is None else mask_bias
     return jnp.where(keep, 0.0, masked).astype(jnp.float32)
 
@@ -76,7 +100,7 @@ class BertEmbeddings(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+    def __call__(self, input_ids, token_type_ids, deterministic: bool, segment_ids=None):
         cfg = self.config
         words = _embed(cfg, cfg.vocab_size, self.dtype, "word_embeddings")(input_ids)
         # Like torch's nn.Embedding(padding_idx=pad_token_id) in Hugging Face's models: the pad
@@ -86,7 +110,7 @@ class BertEmbeddings(nn.Module):
             words = jnp.where((input_ids == pad)[..., None], jax.lax.stop_gradient(words), words)
         types = _embed(cfg, cfg.type_vocab_size, self.dtype, "token_type_embeddings")(token_type_ids)
         positions = _embed(cfg, cfg.max_position_embeddings, self.dtype, "position_embeddings")(
-            position_ids(cfg, input_ids))
+            position_ids(cfg, input_ids, segment_ids))
         x = _layer_norm(cfg, self.dtype)(words + types + positions)
         return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
@@ -200,6 +224,12 @@ class BertEncoder(nn.Module):
     (parameters are float32); ``remat`` rematerialises each layer in the backward pass.
     Dropout is active when ``deterministic=False`` and needs a "dropout" rng. ``mask_bias``
     replaces the additive bias of masked keys (``attention_bias``).
+
+    ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
+    padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
+    position ids restart at each row (RoBERTa: pad_token_id + 1 + offset), and token types are
+    used as given; ``attention_mask`` is ignored (it should equal ``segment_ids > 0``). Each
+    row's hidden states equal those of the row encoded alone. Without it nothing changes.
     """
 
     config: Any
@@ -208,12 +238,13 @@ class BertEncoder(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
-                 mask_bias: float | None = None):
+                 mask_bias: float | None = None, segment_ids=None):
         _check_config(self.config)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         x = BertEmbeddings(self.config, self.dtype, name="embeddings")(
-            input_ids, token_type_ids, deterministic)
-        bias = attention_bias(attention_mask, mask_bias)
+            input_ids, token_type_ids, deterministic, segment_ids)
+        # Built once per call and shared by every layer.
+        bias = attention_bias(attention_mask, mask_bias, segment_ids)
         return BertTransformer(self.config, self.dtype, self.remat, name="encoder")(
             x, bias, deterministic)

@@ -8,6 +8,13 @@ a LayerNorm on the relative embeddings (``norm_rel_ebd``) and an optional convol
 first layer (``conv_kernel_size``). Submodules and parameters are named like the torch modules
 (``embeddings/word_embeddings/embedding``, ``encoder/layer/0/attention/self/in_proj/kernel``,
 ``encoder/rel_embeddings/embedding`` ...) so Hugging Face checkpoints convert by renaming only.
+
+Packed sequences: with ``segment_ids`` (``trip_jax.models.packing``) several rows share one
+sequence; attention is block-diagonal per row and absolute positions (``position_biased_input``)
+restart at each row. Relative positions depend only on distances within a row, and the clamped
+span reads the same table rows at any sequence length, so each row's hidden states equal those
+of the row encoded alone. The v2 convolution (``conv_kernel_size > 0``) would reach across row
+ends, so such configs refuse ``segment_ids``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import numpy as np
 from flax import linen as nn
 
 from trip_jax.models.activations import get_activation
+from trip_jax.models.packing import segment_attention_mask, segment_positions
 
 
 def _is_v2(config) -> bool:
@@ -89,6 +97,11 @@ def relative_layout(config, seq_len: int) -> tuple[int, int, np.ndarray, np.ndar
     Returns ``(lo, hi, c2p_index, p2c_index)``: only rows ``lo..hi`` of the relative-embedding
     table are ever read, so they alone are projected; ``c2p_index[q, k]`` and
     ``p2c_index[k, q]`` index that slice (transformers' clamped indices, shifted by ``lo``).
+
+    The table row read for a distance d depends on d only, not on ``seq_len``: for v2 the span
+    is fixed; for v1 (span = min(seq_len, mrp)) it is row d + mrp, clamped at +-mrp, for any
+    seq_len at least as long as the row. So a row packed into a longer sequence reads the same
+    relative embeddings as the row alone.
     """
     rel = relative_positions(config, seq_len)
     if _is_v2(config):
@@ -134,8 +147,11 @@ class DebertaEmbeddings(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, mask, deterministic: bool):
-        """Returns embeddings [N, T, H]; ``mask`` [N, T] zeroes padding positions."""
+    def __call__(self, input_ids, token_type_ids, mask, deterministic: bool, segment_ids=None):
+        """Returns embeddings [N, T, H]; ``mask`` [N, T] zeroes padding positions.
+
+        With ``segment_ids`` (packed rows) absolute positions restart at each row.
+        """
         cfg = self.config
         emb_size = getattr(cfg, "embedding_size", cfg.hidden_size)
         x = nn.Embed(cfg.vocab_size, emb_size, dtype=self.dtype,
@@ -145,8 +161,10 @@ class DebertaEmbeddings(nn.Module):
             if seq_len > cfg.max_position_embeddings:
                 raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings="
                                  f"{cfg.max_position_embeddings}")
+            positions = (jnp.arange(seq_len)[None, :] if segment_ids is None
+                         else segment_positions(segment_ids))
             x = x + nn.Embed(cfg.max_position_embeddings, emb_size, dtype=self.dtype,
-                             name="position_embeddings")(jnp.arange(seq_len)[None, :])
+                             name="position_embeddings")(positions)
         if cfg.type_vocab_size > 0:
             x = x + nn.Embed(cfg.type_vocab_size, emb_size, dtype=self.dtype,
                              name="token_type_embeddings")(token_type_ids)
@@ -339,8 +357,11 @@ class DebertaLayerStack(nn.Module):
     remat: bool = False
 
     @nn.compact
-    def __call__(self, hidden, mask, deterministic: bool):
-        """hidden [N, T, H] embeddings, mask bool [N, T] -> last hidden state [N, T, H]."""
+    def __call__(self, hidden, mask, deterministic: bool, segment_ids=None):
+        """hidden [N, T, H] embeddings, mask bool [N, T] -> last hidden state [N, T, H].
+
+        With ``segment_ids`` [N, T] attention stays within each packed row.
+        """
         cfg = self.config
         rel = None
         if getattr(cfg, "relative_attention", False):
@@ -353,7 +374,11 @@ class DebertaLayerStack(nn.Module):
                 # Row-wise, so normalising only the rows in use equals normalising the table.
                 rel = _layer_norm(cfg, jnp.float32)(rel)
 
-        pair_mask = (mask[:, None, :, None] & mask[:, None, None, :])
+        # Built once per call and shared by every layer.
+        if segment_ids is None:
+            pair_mask = (mask[:, None, :, None] & mask[:, None, None, :])
+        else:
+            pair_mask = segment_attention_mask(segment_ids)
         layers = DebertaLayerCollection(cfg, self.dtype, self.remat, name="layer")
         use_conv = _is_v2(cfg) and getattr(cfg, "conv_kernel_size", 0) > 0
         embeddings = hidden
@@ -371,6 +396,13 @@ class DebertaEncoder(nn.Module):
 
     ``config`` is the Hugging Face DebertaConfig / DebertaV2Config; ``dtype`` is the compute
     dtype (parameters stay float32); ``remat`` rematerialises each layer in the backward pass.
+
+    ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
+    padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
+    absolute positions (if the config uses them) restart at each row, and token types are used
+    as given; ``attention_mask`` is ignored (it should equal ``segment_ids > 0``). Each row's
+    hidden states equal those of the row encoded alone. Configs with the v2 convolution
+    (``conv_kernel_size > 0``) raise NotImplementedError. Without it nothing changes.
     """
 
     config: Any
@@ -379,19 +411,28 @@ class DebertaEncoder(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None,
-                 deterministic: bool = True):
+                 deterministic: bool = True, segment_ids=None):
         """input_ids / attention_mask / token_type_ids int [N, T] -> float [N, T, H].
 
         Dropout is active when ``deterministic`` is False and draws from the "dropout" rng.
+        ``segment_ids`` int [N, T] marks packed rows (see the class docstring).
         """
         if getattr(self.config, "talking_head", False):
             raise ValueError("DeBERTa talking_head attention is not supported")
+        if segment_ids is not None:
+            if _is_v2(self.config) and getattr(self.config, "conv_kernel_size", 0) > 0:
+                raise NotImplementedError(
+                    "segment_ids: packed rows cannot be encoded exactly with the DeBERTa-v2 "
+                    f"convolution (conv_kernel_size={self.config.conv_kernel_size}): it mixes "
+                    "each token with its neighbours, across row ends into the next packed row "
+                    "where an unpacked row sees zeroed padding")
+            attention_mask = segment_ids > 0
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         mask = attention_mask.astype(bool)
         hidden = DebertaEmbeddings(self.config, self.dtype, name="embeddings")(
-            input_ids, token_type_ids, mask, deterministic)
+            input_ids, token_type_ids, mask, deterministic, segment_ids)
         return DebertaLayerStack(self.config, self.dtype, self.remat, name="encoder")(
-            hidden, mask, deterministic)
+            hidden, mask, deterministic, segment_ids)
