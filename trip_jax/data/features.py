@@ -398,3 +398,22 @@ def _row_arrays(rows: _Rows, members: np.ndarray, row_of: np.ndarray, row_index:
     attention_mask[:, 0] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             "token_type_ids": token_type_ids, "row_index": row_index.astype(np.int32)}
+
+
+def track_index(row_mask: np.ndarray, num_tracks: int | None = None) -> np.ndarray:
+    """Flat (B, 2, E) indices of the (story, entity) tracks that hold at least one real row.
+
+    ``row_mask`` bool [B, 2, E, S]. Returns int32 [K], ascending, padded with B*2*E (one past
+    the last track) up to ``num_tracks`` entries (default: exactly the real tracks); more real
+    tracks than ``num_tracks`` is an error. The model's ``cells="real"`` runs the conflict
+    detector on these tracks only.
+    """
+    row_mask = np.asarray(row_mask, bool)
+    real = row_mask.reshape(-1, row_mask.shape[-1]).any(axis=-1)
+    tracks = np.flatnonzero(real).astype(np.int32)
+    num_tracks = tracks.size if num_tracks is None else num_tracks
+    if tracks.size > num_tracks:
+        raise ValueError(f"{tracks.size} real tracks do not fit {num_tracks} track entries")
+    index = np.full(num_tracks, real.size, dtype=np.int32)
+    index[:tracks.size] = tracks
+    return index
