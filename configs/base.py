@@ -160,7 +160,8 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean"
         # What padding cells feed the heads: "zero" | "encoded" (the reference: the encoder's
         # vector of a row of padding_row_length zeros, fully masked, computed once per step,
         # masked as transformers 4.11 did: "legacy"; "masked": the encoder's own masking).
-        padding_rows="zero", padding_row_length=16, padding_row_attention="legacy"))
+        padding_rows="zero", padding_row_length=16, padding_row_attention="legacy",
+        cells="grid"))  # "real": heads and detector on real cells/tracks only (same outputs)
 
     pre, eff, conflict, story = LOSS_PRESETS[loss_preset]
     config.loss = ml_collections.ConfigDict(dict(

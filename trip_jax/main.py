@@ -111,6 +111,7 @@ CONFIG_CHOICES: dict[str, tuple] = {
     "model.tiered.story_score": tiered.STORY_SCORES,
     "model.tiered.padding_rows": tiered.PADDING_ROWS,
     "model.tiered.padding_row_attention": tiered.PADDING_ROW_ATTENTION,
+    "model.tiered.cells": tiered.CELLS,
     "data.token_types": features.TOKEN_TYPES,
     "data.entity_padding": input_pipeline.ENTITY_PADDINGS,
     "train.optimizer": optimizers.OPTIMIZERS,

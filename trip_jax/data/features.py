@@ -487,12 +487,19 @@ def _row_arrays(rows: _Rows, members: np.ndarray, row_of: np.ndarray, row_index:
 
 
 def track_index(row_mask: np.ndarray, num_tracks: int | None = None) -> np.ndarray:
-    """Flat (B, 2, E) indices of the (story, entity) tracks with a real row, ascending, padded
-    with B*2*E up to ``num_tracks`` (default: exactly the real tracks)."""
+    """Flat (B, 2, E) indices of the (story, entity) tracks that hold at least one real row.
+
+    ``row_mask`` bool [B, 2, E, S]. Returns int32 [K], ascending, padded with B*2*E (one past
+    the last track) up to ``num_tracks`` entries (default: exactly the real tracks); more real
+    tracks than ``num_tracks`` is an error. The model's ``cells="real"`` runs the conflict
+    detector on these tracks only.
+    """
     row_mask = np.asarray(row_mask, bool)
-    tracks = row_mask.reshape(-1, row_mask.shape[-1]).any(axis=-1)
-    real = np.flatnonzero(tracks).astype(np.int32)
-    K = real.size if num_tracks is None else num_tracks
-    if real.size > K:
-        raise ValueError(f"{real.size} real tracks do not fit {K} tracks")
-    return np.concatenate([real, np.full(K - real.size, tracks.size, np.int32)])
+    real = row_mask.reshape(-1, row_mask.shape[-1]).any(axis=-1)
+    tracks = np.flatnonzero(real).astype(np.int32)
+    num_tracks = tracks.size if num_tracks is None else num_tracks
+    if tracks.size > num_tracks:
+        raise ValueError(f"{tracks.size} real tracks do not fit {num_tracks} track entries")
+    index = np.full(num_tracks, real.size, dtype=np.int32)
+    index[:tracks.size] = tracks
+    return index

@@ -29,6 +29,8 @@ _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
 STORY_SCORES = ("sum", "max")
 PADDING_ROWS = ("zero", "encoded")
 PADDING_ROW_ATTENTION = ("legacy", "masked")
+# Where the state heads and the detector run: every (B, 2, E, S) cell, or the real ones only.
+CELLS = ("grid", "real")
 # The additive bias of masked keys in transformers 4.x before 4.21 (the reference ran 4.11).
 LEGACY_MASK_BIAS = -10000.0
 
@@ -64,6 +66,15 @@ class TieredConfig:
     an additive -10000, which shifts every score of the row equally: it attends as if unmasked),
     "masked" as the encoder masks any row (BERT/RoBERTa: uniform attention over the row's
     tokens, today's transformers; DeBERTa: its own masking, the only choice for DeBERTa).
+
+    ``cells`` says where the state heads and the detector run. "grid": on every (B, 2, E, S)
+    cell and every (story, entity) track of the batch. "real": the heads on the encoder rows
+    only, plus one row holding the padding vector, and the detector on the tracks the batch's
+    ``track_index`` names, plus one all-padding track; padding cells and tracks take that extra
+    row's and track's results. The outputs are the same arrays with the same numbers as
+    "grid" in deterministic mode (every padding cell has the same input, so it has the same
+    result); with dropout on, all padding cells share one dropout draw (and all padding tracks
+    one), where "grid" draws one per cell. Both build the same parameters.
     """
 
     max_sentences: int = 7
@@ -88,6 +99,7 @@ class TieredConfig:
     padding_rows: str = "zero"
     padding_row_length: int = 16
     padding_row_attention: str = "legacy"
+    cells: str = "grid"
 
     def __post_init__(self):
         object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
@@ -97,7 +109,8 @@ class TieredConfig:
                 f"state_projection) must be divisible by detector_heads={self.detector_heads}")
         for name, choices in (("detector_activation", sorted(_ACTIVATIONS)),
                               ("story_score", STORY_SCORES), ("padding_rows", PADDING_ROWS),
-                              ("padding_row_attention", PADDING_ROW_ATTENTION)):
+                              ("padding_row_attention", PADDING_ROW_ATTENTION),
+                              ("cells", CELLS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.padding_row_length < 1:
@@ -178,6 +191,31 @@ def scatter_rows(row_values: jax.Array, row_index: jax.Array, row_shape: tuple[i
     dense = jnp.zeros((num_cells, row_values.shape[-1]), row_values.dtype)
     dense = dense.at[row_index].set(row_values, mode="drop")
     return dense.reshape(*row_shape, row_values.shape[-1])
+
+
+def scatter_over_padding(values: jax.Array, index: jax.Array, size: int) -> jax.Array:
+    """Places ``values[:-1]`` at ``index`` in an array of ``size`` entries filled with
+    ``values[-1]`` (the padding entry's value); indices outside 0..size-1 are dropped.
+
+    ``values`` [N + 1, ...], ``index`` int [N]; returns [size, ...].
+    """
+    fill = jnp.broadcast_to(values[-1], (size, *values.shape[1:]))
+    return fill.at[index].set(values[:-1], mode="drop")
+
+
+def cells_to_tracks(cell_values: jax.Array, padding_value, track_index: jax.Array,
+                    num_sentences: int) -> jax.Array:
+    """Gathers the (story, entity) tracks ``track_index`` names and appends a padding track.
+
+    ``cell_values`` [B*2*E*S, ...] per cell; returns [K + 1, S, ...]: the K tracks (an index
+    past the last track gives the last track, for its result to be dropped), then S copies of
+    ``padding_value``.
+    """
+    tracks = cell_values.reshape(-1, num_sentences, *cell_values.shape[1:])
+    gathered = jnp.take(tracks, track_index, axis=0, mode="clip")
+    padding = jnp.broadcast_to(jnp.asarray(padding_value, cell_values.dtype),
+                               (1, num_sentences, *cell_values.shape[1:]))
+    return jnp.concatenate([gathered, padding])
 
 
 class _StateHead(nn.Module):
@@ -297,31 +335,41 @@ class TieredModel(nn.Module):
 
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
-        story_score [B,2], story_pred [B].
+        story_score [B,2], story_pred [B]. With ``config.cells == "real"`` the batch also needs
+        ``track_index`` (int32 [K], ``trip_jax.data.features.track_index``).
         """
         cfg = self.config
         row_mask = jnp.asarray(batch["row_mask"], bool)
         grid = row_mask.shape  # (B, 2, E, S)
-        if grid[-1] != cfg.max_sentences:
-            raise ValueError(f"batch has S={grid[-1]} sentences but config.max_sentences="
+        num_sentences = grid[-1]
+        if num_sentences != cfg.max_sentences:
+            raise ValueError(f"batch has S={num_sentences} sentences but config.max_sentences="
                              f"{cfg.max_sentences}")
+        if cfg.cells == "real" and "track_index" not in batch:
+            raise ValueError("cells='real' needs a batch with track_index (layout "
+                             "'packed_tokens', or trip_jax.data.features.track_index)")
 
-        # One encoder call per row group (rows padded to different token lengths), one scatter.
-        first_tokens, row_index = [], []
-        for prefix in batch_contract.row_groups(batch):
-            hidden = self.encoder(batch[prefix + "input_ids"], batch[prefix + "attention_mask"],
-                                  token_type_ids=batch.get(prefix + "token_type_ids"),
-                                  deterministic=deterministic)
-            first_tokens.append(hidden[:, 0, :].astype(jnp.float32))
-            row_index.append(batch[prefix + "row_index"])
-        h = scatter_rows(jnp.concatenate(first_tokens), jnp.concatenate(row_index), grid)
-        # Dense-layout padding rows hold pad-token embeddings: replace them (zero, or the
-        # reference's padding-row vector) so that both layouts feed identical values downstream.
-        if cfg.padding_rows == "encoded":
-            h = jnp.where(row_mask[..., None], h, self.padding_row_embedding(deterministic))
+        rows, row_index = self.row_embeddings(batch, deterministic)
+        if cfg.cells == "real":
+            # The encoder rows on real cells, then one row of the padding vector that every
+            # other cell (padding rows of the dense layout too) is given.
+            num_cells = int(np.prod(grid))
+            padding = (self.padding_row_embedding(deterministic)[None]
+                       if cfg.padding_rows == "encoded"
+                       else jnp.zeros((1, rows.shape[-1]), jnp.float32))
+            on_real_cell = (row_index < num_cells) & row_mask.reshape(-1)[
+                jnp.minimum(row_index, num_cells - 1)]
+            h_flat = jnp.concatenate([jnp.where(on_real_cell[:, None], rows, padding), padding])
         else:
-            h = h * row_mask[..., None]
-        h_flat = h.reshape(-1, h.shape[-1])
+            h = scatter_rows(rows, row_index, grid)
+            # Dense-layout padding rows hold pad-token embeddings: replace them (zero, or the
+            # reference's padding-row vector) so that both layouts feed identical values
+            # downstream.
+            if cfg.padding_rows == "encoded":
+                h = jnp.where(row_mask[..., None], h, self.padding_row_embedding(deterministic))
+            else:
+                h = h * row_mask[..., None]
+            h_flat = h.reshape(-1, h.shape[-1])
 
         pre_logits, eff_logits = StateHeads(cfg, name="state_heads")(
             h_flat, deterministic=deterministic)
@@ -333,28 +381,52 @@ class TieredModel(nn.Module):
         states = jax.lax.stop_gradient(states)
         drop = lambda y: nn.Dropout(cfg.projection_dropout)(y, deterministic=deterministic)
         projected_states = nn.Dense(cfg.state_projection, name="states_proj")(drop(states))
+        embedded = nn.Dense(cfg.embedding_projection, name="embedding_proj")(drop(h_flat))
+
+        if cfg.cells == "real":
+            # Per-row values -> the grid (padding cells: the padding row's) -> the tracks the
+            # batch names, then one padding track.
+            track_index = jnp.asarray(batch["track_index"], jnp.int32)
+            to_grid = lambda values: scatter_over_padding(values, row_index, num_cells)
+            tracks_of = lambda grid_values, padding_value: cells_to_tracks(
+                grid_values, padding_value, track_index, num_sentences)
+            track_mask = tracks_of(row_mask.reshape(-1), False)
+            embedded = tracks_of(to_grid(embedded), embedded[-1])
+            projected_states = tracks_of(to_grid(projected_states), projected_states[-1])
+            row_pre, row_eff = pre_logits, eff_logits
+            pre_logits, eff_logits = to_grid(row_pre), to_grid(row_eff)
+            logit_tracks = lambda: (tracks_of(pre_logits, row_pre[-1]),
+                                    tracks_of(eff_logits, row_eff[-1]))
+        else:
+            track_mask = row_mask.reshape(-1, num_sentences)
+            logit_tracks = lambda: tuple(
+                logits.reshape(-1, num_sentences, *logits.shape[1:])
+                for logits in (pre_logits, eff_logits))
+        num_tracks = len(track_mask)
+        embedded = embedded.reshape(num_tracks * num_sentences, -1)
+        projected_states = projected_states.reshape(num_tracks * num_sentences, -1)
+
         if cfg.state_transitions:
-            num_tracks = len(h_flat) // grid[-1]
-            transitions = transition_features(
-                pre_logits.reshape(num_tracks, grid[-1], *pre_logits.shape[1:]),
-                eff_logits.reshape(num_tracks, grid[-1], *eff_logits.shape[1:]),
-                row_mask.reshape(num_tracks, grid[-1]), binary_attributes(cfg.num_classes))
-            transitions = jax.lax.stop_gradient(transitions).reshape(len(h_flat), -1)
+            transitions = transition_features(*logit_tracks(), track_mask,
+                                              binary_attributes(cfg.num_classes))
+            transitions = jax.lax.stop_gradient(transitions).reshape(len(embedded), -1)
             projected_states = projected_states + nn.Dense(
                 cfg.state_projection, name="transitions_proj")(transitions)
-        features = jnp.concatenate(
-            [nn.Dense(cfg.embedding_projection, name="embedding_proj")(drop(h_flat)),
-             projected_states], axis=-1)
+        features = jnp.concatenate([embedded, projected_states], axis=-1)
 
-        tracks = features.reshape(-1, grid[-1], cfg.detector_d_model)  # [B*2*E, S, D]
+        tracks = features.reshape(num_tracks, num_sentences, cfg.detector_d_model)
         conflict_logits = ConflictDetector(cfg, name="detector")(
-            tracks, row_mask.reshape(-1, grid[-1]), deterministic=deterministic).reshape(grid)
+            tracks, track_mask, deterministic=deterministic)  # [tracks, S]
         if cfg.state_transitions:
             # A direct linear path as well: a contradiction raises the belief in its two
             # sentences without having to pass through the detector's layers.
             direct = nn.Dense(1, name="transitions_out", kernel_init=nn.initializers.constant(
                 cfg.transitions_init_weight))
-            conflict_logits = conflict_logits + direct(transitions).reshape(grid)
+            conflict_logits = conflict_logits + direct(transitions).reshape(conflict_logits.shape)
+        if cfg.cells == "real":
+            conflict_logits = scatter_over_padding(conflict_logits, track_index,
+                                                   num_cells // num_sentences)
+        conflict_logits = conflict_logits.reshape(grid)
         conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
 
         if cfg.story_score == "max":
@@ -374,6 +446,32 @@ class TieredModel(nn.Module):
             "story_pred": jnp.argmax(story_score, axis=-1).astype(jnp.int32),
         }
 
+    def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True
+                       ) -> tuple[jax.Array, jax.Array]:
+        """The encoder's position-0 vector of every encoder row, and the row's cell.
+
+        Returns rows float32 [R, H] (the row groups' rows concatenated, one encoder call per
+        group: they are padded to different token lengths) and row_index int32 [R], the flat
+        (B, 2, E, S) cell of each row (B*2*E*S for a padding row).
+        """
+        if batch_contract.is_packed_tokens(batch):
+            # Rows are segments of packed sequences: encode the sequences, read each row's first
+            # token (its CLS position).
+            ids = batch["input_ids"]
+            hidden = self.encoder(ids, batch["attention_mask"],
+                                  token_type_ids=batch["token_type_ids"],
+                                  deterministic=deterministic, segment_ids=batch["segment_ids"])
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            return (flat[jnp.asarray(batch["row_start"], jnp.int32)].astype(jnp.float32),
+                    jnp.asarray(batch["row_index"], jnp.int32))
+        first_tokens, row_index = [], []
+        for prefix in batch_contract.row_groups(batch):
+            hidden = self.encoder(batch[prefix + "input_ids"], batch[prefix + "attention_mask"],
+                                  token_type_ids=batch.get(prefix + "token_type_ids"),
+                                  deterministic=deterministic)
+            first_tokens.append(hidden[:, 0, :].astype(jnp.float32))
+            row_index.append(jnp.asarray(batch[prefix + "row_index"], jnp.int32))
+        return jnp.concatenate(first_tokens), jnp.concatenate(row_index)
 
     def padding_row_embedding(self, deterministic: bool = True) -> jax.Array:
         """The reference's padding-row vector [H]: the encoder's position-0 output on one row of
