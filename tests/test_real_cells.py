@@ -179,11 +179,14 @@ def test_training_mode_and_parameters(encoded, batches, params):
                    for g in jax.tree_util.tree_leaves(conflict_only["state_heads"]))
 
 
-def test_real_cells_need_track_index(encoded, batches, params):
-    batch = {k: v for k, v in batches["packed"].items() if k != "track_index"}
-    with pytest.raises(ValueError, match="cells='real' needs a batch with track_index"):
-        make_model(encoded[1], cells="real").apply({"params": options_params(params, {})},
-                                                    batch)
+def test_without_track_index_every_track_runs(encoded, batches, params):
+    batch = batches["packed"]
+    p = {"params": options_params(params, {})}
+    named = make_model(encoded[1], cells="real").apply(p, batch)
+    every = make_model(encoded[1], cells="real").apply(
+        p, {k: v for k, v in batch.items() if k != "track_index"})
+    for key in FLOAT_KEYS:
+        np.testing.assert_allclose(every[key], named[key], rtol=0, atol=1e-5, err_msg=key)
     with pytest.raises(ValueError, match="cells"):
         TieredConfig(cells="all")
 

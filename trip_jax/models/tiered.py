@@ -70,7 +70,7 @@ class TieredConfig:
     ``cells`` says where the state heads and the detector run. "grid": on every (B, 2, E, S)
     cell and every (story, entity) track of the batch. "real": the heads on the encoder rows
     only, plus one row holding the padding vector, and the detector on the tracks the batch's
-    ``track_index`` names, plus one all-padding track; padding cells and tracks take that extra
+    ``track_index`` names (every track without it), plus one all-padding track; padding cells and tracks take that extra
     row's and track's results. The outputs are the same arrays with the same numbers as
     "grid" in deterministic mode (every padding cell has the same input, so it has the same
     result); with dropout on, all padding cells share one dropout draw (and all padding tracks
@@ -335,8 +335,9 @@ class TieredModel(nn.Module):
 
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
-        story_score [B,2], story_pred [B]. With ``config.cells == "real"`` the batch also needs
-        ``track_index`` (int32 [K], ``trip_jax.data.features.track_index``).
+        story_score [B,2], story_pred [B]. With ``config.cells == "real"`` the detector runs on
+        the batch's ``track_index`` (int32 [K], ``trip_jax.data.features.track_index``; the
+        packed_tokens layout has it), or on every track where the batch has none.
         """
         cfg = self.config
         row_mask = jnp.asarray(batch["row_mask"], bool)
@@ -345,9 +346,6 @@ class TieredModel(nn.Module):
         if num_sentences != cfg.max_sentences:
             raise ValueError(f"batch has S={num_sentences} sentences but config.max_sentences="
                              f"{cfg.max_sentences}")
-        if cfg.cells == "real" and "track_index" not in batch:
-            raise ValueError("cells='real' needs a batch with track_index (layout "
-                             "'packed_tokens', or trip_jax.data.features.track_index)")
 
         rows, row_index = self.row_embeddings(batch, deterministic)
         if cfg.cells == "real":
@@ -386,7 +384,9 @@ class TieredModel(nn.Module):
         if cfg.cells == "real":
             # Per-row values -> the grid (padding cells: the padding row's) -> the tracks the
             # batch names, then one padding track.
-            track_index = jnp.asarray(batch["track_index"], jnp.int32)
+            # Batches of the row layouts name no tracks: then every track runs (same results).
+            track_index = (jnp.asarray(batch["track_index"], jnp.int32) if "track_index" in batch
+                           else jnp.arange(int(np.prod(grid[:-1])), dtype=jnp.int32))
             to_grid = lambda values: scatter_over_padding(values, row_index, num_cells)
             tracks_of = lambda grid_values, padding_value: cells_to_tracks(
                 grid_values, padding_value, track_index, num_sentences)
