@@ -7,12 +7,13 @@
 
 Every case (model × layout × batch size) runs in its own process (``benchmarks.train_speed``
 for trip-jax's steps, ``benchmarks.torch_speed`` for the eager PyTorch reference's layouts
-``torch_padded`` and ``torch_rows``) so that its peak memory is its own; so do the epoch curves (``benchmarks.epoch_time``) and the
-matmul peak (``benchmarks.flops``), measured at the start and at the end of the run (MFU uses
-the better one). The JSON holds the environment, the load average before every case, each
-case's record, the cases left out of the grid and why, the packed/reference ratios, every
-trip-jax case's pairs/s over the PyTorch reference's of the same model and mode
-(``torch_ratios``), the MiniLM targets of issue #15 (``targets``) and the markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
+``torch_padded`` and ``torch_rows``) so that its peak memory is its own; so do the epoch
+curves (``benchmarks.epoch_time``) and the matmul peak (``benchmarks.flops``), measured at the
+start and at the end of the run (MFU uses the better one). The JSON holds the environment, the
+load average before every case, each case's record, the cases left out of the grid and why,
+the layout/reference ratios, every trip-jax case's pairs/s over the PyTorch reference's of the
+same model and mode (``torch_ratios``), the MiniLM targets of issue #15 (``targets``) and the
+markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
 
 ``--models``, ``--batch-sizes``, ``--layouts``, ``--skip-curves``, ``--dtype``, ``--remat``,
 ``--prng-impl``, ``--sort-window`` and ``--compile-cache`` narrow or change the grid for

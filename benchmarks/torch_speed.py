@@ -180,7 +180,8 @@ def run_case(case: dict) -> dict:
               "framework": "torch", "pairs_per_step": "batched",
               "torch": torch.__version__, "transformers": transformers.__version__,
               "threads": torch.get_num_threads(),
-              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "dtype": "float32", "remat": False,
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "dtype": "float32",
+              "remat": False,
               "short_seq_len": 0, "tokenizer": builders.tokenizer_spec(data.config.model),
               "encoder": {k: getattr(hf_config, k) for k in (
                   "model_type", "hidden_size", "num_hidden_layers", "intermediate_size")},

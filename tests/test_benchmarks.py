@@ -1,7 +1,8 @@
 """The benchmark harness end to end at smoke size: the JSON it writes has every expected field.
 
 Runs ``python -m benchmarks.run --smoke`` (tiny model, 4 dev pairs, one step per timing; the
-trip-jax cases and the eager PyTorch reference's, and their ratios) and the GPU grid's code path (``--device --smoke``: RoBERTa-type encoder in bfloat16) on CPU, on the
+trip-jax cases and the eager PyTorch reference's, and their ratios) and the GPU grid's code
+path (``--device --smoke``: RoBERTa-type encoder in bfloat16) on CPU, on the
 shared TRIP data. No timing is asserted: the CPU is shared. A persistent compilation cache
 shared by the processes keeps the run short.
 """
@@ -12,7 +13,7 @@ import json
 
 import pytest
 
-from benchmarks import flops, models, report, run
+from benchmarks import flops, harness, models, report, run, train_speed
 from trip_jax.models.tiered import TieredConfig
 
 TORCH_FIELDS = {"first_run_s", "step_s", "step_s_all", "pairs_per_s", "real_rows_per_s",
@@ -84,14 +85,17 @@ def test_cpu_smoke_results(tmp_path):
     assert results["grid"] == "smoke"
     assert results["matmul_peak"]["best_flops_per_s"]["float32"] > 0
     assert len(results["load_average"]["start"]) == 3
-    packed, reference, torch_padded, torch_rows = results["cases"]
+    cases = {c["layout"]: c for c in results["cases"]}
+    packed, reference = cases["packed"], cases["reference_dense"]
+    torch_padded, torch_rows = cases["torch_padded"], cases["torch_rows"]
     check_case(packed, "packed", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["batch"]["pairs"] == 2 and reference["batch"]["pairs"] == 1
     # The reference pads to the data's largest story: more encoder rows than real ones.
     assert reference["batch"]["encoder_rows"] > reference["batch"]["real_rows"]
-    [ratio] = results["ratios"]
-    assert ratio["mode"] == "eval" and ratio["ratio"] == pytest.approx(
+    ratios = {(r["layout"], r["mode"]): r for r in results["ratios"]}
+    ratio = ratios[("packed", "eval")]
+    assert ratio["ratio"] == pytest.approx(
         ratio["packed_pairs_per_s"] / ratio["reference_pairs_per_s"])
 
     # The PyTorch reference on the pair of the reference-layout case: padded, every cell of
@@ -108,10 +112,12 @@ def test_cpu_smoke_results(tmp_path):
     assert torch_rows["batch"]["encoder_rows"] == real_rows + 1
     # Every timed trip-jax mode over both torch layouts' pairs/s, same model and mode.
     torch_ratios = {(r["layout"], r["batch_size"], r["mode"]): r for r in results["torch_ratios"]}
-    assert set(torch_ratios) == {("packed", 2, "train"), ("packed", 2, "eval"),
-                                 ("reference_dense", 1, "eval")}
+    assert set(torch_ratios) == {(c["layout"], c["batch_size"], mode) for c in cases.values()
+                                 if c["layout"] not in run.TORCH_LAYOUTS
+                                 for mode in ("eval", "train") if mode in c}
+    assert {("packed", 2, "train"), ("reference_dense", 1, "eval")} <= set(torch_ratios)
     for (layout, _, mode), r in torch_ratios.items():
-        jax_case = packed if layout == "packed" else reference
+        jax_case = cases[layout]
         for torch_case in (torch_padded, torch_rows):
             name = torch_case["layout"]
             assert r[f"{name}_batch_size"] == 1
@@ -138,7 +144,9 @@ def test_device_grid_runs_on_cpu(tmp_path):
     results = run_smoke(tmp_path, "--device", "--skip-curves")
     assert results["grid"] == "device_smoke"
     assert set(results["matmul_peak"]["best_flops_per_s"]) == {"bfloat16", "float32"}
-    packed, reference = results["cases"]
+    cases = {c["layout"]: c for c in results["cases"]}
+    packed, reference = cases["packed"], cases["reference_dense"]
+    assert not set(cases) & set(run.TORCH_LAYOUTS)  # the eager reference is timed on CPU grids
     check_case(packed, "packed", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["dtype"] == "bfloat16" and packed["encoder"]["model_type"] == "roberta"
@@ -188,6 +196,20 @@ def test_device_grid_is_roberta_large_bf16_at_large_batches():
     assert config.model.dtype == "bfloat16"
     assert config.model.random_encoder.hidden_size == 1024
     assert config.model.random_encoder.num_hidden_layers == 24
+
+
+def test_layout_table_sets_config_keys_and_batch_sizes():
+    config = models.model_config("tiny")
+    for key, value in {"data.layout": "dense", "model.tiered.detector_layers": 3}.items():
+        harness.set_config_value(config, key, value)
+    assert config.data.layout == "dense" and config.model.tiered.detector_layers == 3
+    assert harness.LAYOUTS["packed"].overrides == {"data.layout": "packed"}
+    assert [n for n, spec in harness.LAYOUTS.items() if spec.baseline] == [run.REFERENCE_LAYOUT]
+    assert not set(harness.LAYOUTS) & set(run.TORCH_LAYOUTS)
+    with pytest.raises(ValueError, match="one pair a batch"):
+        train_speed.run_case({"model": "tiny", "layout": "reference_dense", "batch_size": 2})
+    with pytest.raises(ValueError, match="unknown layout"):
+        train_speed.run_case({"model": "tiny", "layout": "torch_rows", "batch_size": 1})
 
 
 def test_encoder_flops_formula():
