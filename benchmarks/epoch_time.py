@@ -19,7 +19,6 @@ fixed seconds per epoch.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -36,8 +35,9 @@ from trip_jax.data import batching
 
 def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int,
             sort_window: int = 0):
-    """The epoch's host batches in the given layout; ``sort_window`` > 1 batches similar pairs
-    together (``benchmarks.padding.sorted_window_order``, a proposed batching option)."""
+    """The epoch's host batches in the given layout (``harness.LAYOUTS``; the harness was built
+    with its overrides); ``sort_window`` > 1 batches similar pairs together
+    (``benchmarks.padding.sorted_window_order``, a proposed batching option, packed only)."""
     if layout == "packed" and sort_window > 1:
         order = padding.sorted_window_order(encoded, batch_size, sort_window,
                                             seed=h.config.train.seed, epoch=epoch)
@@ -45,15 +45,15 @@ def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: in
                                 buckets=h.buckets, seq_len=h.seq_len,
                                 max_sentences=h.config.data.max_sentences,
                                 short_seq_len=h.layout.short_seq_len)
-    if layout == "packed":
-        return input_pipeline.batch_stream(
-            encoded, dataclasses.replace(h.layout, layout="packed"), batch_size, shuffle=True,
-            seed=h.config.train.seed, epoch=epoch)
+    if not harness.LAYOUTS[layout].one_pair:
+        # As training batches: the config's layout, shuffled by seed and epoch.
+        return input_pipeline.batch_stream(encoded, h.layout, batch_size, shuffle=True,
+                                           seed=h.config.train.seed, epoch=epoch)
     if batch_size != 1:
-        raise ValueError("the reference layout holds one pair a batch (batch_size 1)")
+        raise ValueError(f"layout {layout!r} holds one pair a batch (batch_size 1)")
     order = batching.epoch_order(len(encoded), shuffle=True, seed=h.config.train.seed,
                                  epoch=epoch)
-    return (h.reference_dense_batch(encoded[i]) for i in order)
+    return (harness.LAYOUTS[layout].batch(h, [encoded[i]]) for i in order)
 
 
 def _shape(local: dict) -> tuple:
@@ -113,7 +113,8 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
     if prng_impl:
         runtime.set_prng_impl(prng_impl)
     h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
-                              short_seq_len=short_seq_len)
+                              short_seq_len=short_seq_len,
+                              overrides=harness.LAYOUTS[layout].overrides)
 
     def stream(epoch: int):
         return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch, sort_window)
@@ -147,7 +148,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--layout", default="packed", choices=["packed", "reference_dense"])
+    parser.add_argument("--layout", default="packed", choices=sorted(harness.LAYOUTS))
     parser.add_argument("--reps", default="1,2,4")
     parser.add_argument("--max-pairs", type=int, default=0)
     parser.add_argument("--dtype", default=None)

@@ -8,29 +8,74 @@ loss + optimizer update).
 
 Also here: the batches the benchmarks feed them. ``representative_pairs`` picks B pairs spread
 over the dev set's row-count distribution (so a fixed batch has about the mean pair size), and
-``reference_dense_batch`` lays one pair out as the reference did: padded to the data's largest
-entity count, sentence count and row length, one pair a batch.
+``LAYOUTS`` names every layout the trip-jax cases time: the config overrides it needs and the
+function that builds its batch. ``packed`` is the training layout; ``reference_dense`` lays one
+pair out as the reference did (padded to the data's largest entity count, sentence count and
+row length, one pair a batch). A new layout is one more ``LAYOUTS`` entry.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import ml_collections
 import numpy as np
 
 from benchmarks import models
-from trip_jax import builders, input_pipeline, sharding, train
+from trip_jax import builders, input_pipeline, sharding
 from trip_jax.data import batching, features, readers
 from trip_jax.data.features import Buckets, EncodedPair
+from trip_jax.data.types import StoryPair
 from trip_jax.input_pipeline import Layout
 from trip_jax.models.tiered import TieredConfig
 
+if TYPE_CHECKING:  # imported where a Harness is built: ModelData alone does not need it
+    from trip_jax import train
+
 # Steps the optimizer schedule is built for (the constant schedule ignores it).
 _SCHEDULE_STEPS = 10_000
+
+
+@dataclasses.dataclass
+class ModelData:
+    """One model's run configuration and the dev pairs, raw and tokenized with its tokenizer."""
+
+    name: str
+    config: ml_collections.ConfigDict
+    tokenizer: Any
+    pairs: list[StoryPair]
+    encoded: list[EncodedPair]
+
+    @classmethod
+    def load(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
+             dtype: str | None = None, remat: bool | None = None,
+             short_seq_len: int | None = None,
+             overrides: Mapping[str, Any] | None = None) -> "ModelData":
+        """Model ``name`` (see ``benchmarks.models``) with ``overrides`` (dotted config keys)
+        set, and the dev pairs of ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs``
+        keeps only the first N pairs."""
+        config = models.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
+        for key, value in (overrides or {}).items():
+            set_config_value(config, key, value)
+        config.data.data_dir = data_dir
+        pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
+        if max_pairs:
+            pairs = pairs[:max_pairs]
+        tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
+        encoded = input_pipeline.encode(pairs, tokenizer, Layout.from_config(config.data))
+        return cls(name, config, tokenizer, list(pairs), encoded)
+
+
+def set_config_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    """Sets the dotted ``key`` (e.g. "data.layout") of ``config``."""
+    *path, leaf = key.split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    node[leaf] = value
 
 
 @dataclasses.dataclass
@@ -63,21 +108,19 @@ class Harness:
     @classmethod
     def build(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
               dtype: str | None = None, remat: bool | None = None,
-              short_seq_len: int | None = None) -> "Harness":
-        """Builds model ``name`` (see ``benchmarks.models``) on the dev pairs of ``data_dir``
-        (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps only the first N pairs."""
-        config = models.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
-        config.data.data_dir = data_dir
-        pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
-        if max_pairs:
-            pairs = pairs[:max_pairs]
-        tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
-        encoded = input_pipeline.encode(pairs, tokenizer, Layout.from_config(config.data))
-        hf_config, encoder_params = builders.build_encoder_config(config.model, tokenizer)
+              short_seq_len: int | None = None,
+              overrides: Mapping[str, Any] | None = None) -> "Harness":
+        """Builds model ``name`` on the dev pairs (arguments: ``ModelData.load``)."""
+        data = ModelData.load(name, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
+                              remat=remat, short_seq_len=short_seq_len, overrides=overrides)
+        from trip_jax import train  # noqa: PLC0415 - checkpointing imports, not for ModelData
+
+        config = data.config
+        hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
         model = builders.build_model(config, hf_config)
         trainer = train.build_trainer(config, model, sharding.create_mesh(config.mesh),
                                       _SCHEDULE_STEPS)
-        return cls(name, config, tokenizer, encoded, hf_config, trainer,
+        return cls(name, config, data.tokenizer, data.encoded, hf_config, trainer,
                    trainer.fresh_state(encoder_params))
 
     @property
@@ -101,6 +144,10 @@ class Harness:
     def seq_len(self) -> int | None:
         """The config's fixed token length, or None (bucketed per batch)."""
         return self.layout.seq_len
+
+    def config_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
+        """``pairs`` as one batch of the config's layout and buckets (as training batches)."""
+        return next(input_pipeline.batch_stream(pairs, self.layout, len(pairs)))
 
     def packed_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one packed batch with the config's buckets (the training layout)."""
@@ -154,10 +201,41 @@ def reference_dense_shape(encoded: Sequence[EncodedPair]) -> tuple[int, int]:
     return (max(p.num_entities for p in encoded), features.max_row_length(encoded))
 
 
-def representative_pairs(encoded: Sequence[EncodedPair], count: int) -> list[EncodedPair]:
-    """``count`` pairs at evenly spaced quantiles of the pairs' row counts (the median pair for
-    count 1), so that a fixed batch holds about the data's mean rows per pair."""
+def representative_indices(encoded: Sequence[EncodedPair], count: int) -> list[int]:
+    """Indices of ``count`` pairs at evenly spaced quantiles of the pairs' row counts (the
+    median pair for count 1), so that a fixed batch holds about the data's mean rows per pair."""
     if not 1 <= count <= len(encoded):
         raise ValueError(f"cannot pick {count} of {len(encoded)} pairs")
     order = np.argsort([p.num_rows for p in encoded], kind="stable")
-    return [encoded[order[int((i + 0.5) * len(encoded) / count)]] for i in range(count)]
+    return [int(order[int((i + 0.5) * len(encoded) / count)]) for i in range(count)]
+
+
+def representative_pairs(encoded: Sequence[EncodedPair], count: int) -> list[EncodedPair]:
+    """The pairs of ``representative_indices``."""
+    return [encoded[i] for i in representative_indices(encoded, count)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkLayout:
+    """A batch layout the trip-jax cases time (``benchmarks.train_speed``).
+
+    overrides: dotted config keys set before the model and data are built (``Harness.build``).
+    batch: builds the one timed batch from the harness and the case's representative pairs.
+    one_pair: batches hold one pair (batch size 1 only), as the reference's did.
+    baseline: the reference layout, which the other layouts are compared with (``ratios``).
+    """
+
+    overrides: Mapping[str, Any]
+    batch: Callable[[Harness, Sequence[EncodedPair]], dict[str, np.ndarray]]
+    one_pair: bool = False
+    baseline: bool = False
+
+
+# Every layout the trip-jax cases can time, by name (``benchmarks.run --layouts``). A new
+# layout of the data pipeline is one entry: its config keys, and ``Harness.config_batch`` if
+# the input pipeline builds its batches.
+LAYOUTS: dict[str, BenchmarkLayout] = {
+    "packed": BenchmarkLayout({"data.layout": "packed"}, Harness.config_batch),
+    "reference_dense": BenchmarkLayout(
+        {}, lambda h, pairs: h.reference_dense_batch(pairs[0]), one_pair=True, baseline=True),
+}

@@ -42,14 +42,21 @@ def _model(record: dict) -> str:
     return name + (" remat" if record.get("remat") else "")
 
 
-def throughput_rows(cases: list[dict]) -> list[list]:
-    """One row per timed (case, mode)."""
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def throughput_rows(cases: list[dict], torch_ratios: list[dict] | None = None) -> list[list]:
+    """One row per timed (case, mode); the last two columns are the case's pairs/s over the
+    PyTorch reference's (``torch_ratios`` of ``benchmarks.run``; "-" where none)."""
+    by_case = {(r["model"], r["layout"], r["batch_size"], bool(r.get("remat")), r["mode"]): r
+               for r in torch_ratios or []}
     rows = []
     for c in cases:
         if "error" in c:
             spec = c.get("case", {})
             rows.append([spec.get("model"), spec.get("layout"), spec.get("batch_size"), "-",
-                         f"error: {c['error']}"] + [""] * 8)
+                         f"error: {c['error']}"] + [""] * 11)
             continue
         b = c["batch"]
         for mode in ("train", "eval"):
@@ -59,13 +66,43 @@ def throughput_rows(cases: list[dict]) -> list[list]:
             rss = c["memory"].get(f"rss_peak_after_{mode}_mib")
             dev = c["memory"].get(f"device_peak_after_{mode}_bytes")
             memory = f"{rss / 1024:.2f}" + (f" / {dev / 2**30:.2f}" if dev else "")
+            efficiency = b.get("packing_efficiency",
+                               b["real_tokens"] / max(b["encoder_tokens"], 1))
+            ratio = by_case.get((c["model"], c["layout"], c["batch_size"],
+                                 bool(c.get("remat")), mode), {})
             rows.append([_model(c), c["layout"], c["batch_size"], mode,
                          f"{b['real_rows']}/{b['encoder_rows']}x{b['seq_len']}",
+                         f"{100 * efficiency:.0f}%",
                          _num(t["step_s"]), _num(t["pairs_per_s"]), _num(t["real_rows_per_s"]),
-                         _num(t["tokens_per_s"]), _num(t["compile_s"]),
+                         _num(t["tokens_per_s"]),
+                         _num(t["compile_s"]) if "compile_s" in t else "-",
                          f"{100 * t['mfu']:.1f}%" if "mfu" in t else "-",
                          f"{100 * t['cpu_sys_s_per_step'] / max(t['cpu_user_s_per_step'] + t['cpu_sys_s_per_step'], 1e-9):.0f}%",
-                         memory])
+                         memory, _ratio(ratio.get("x_torch_padded")),
+                         _ratio(ratio.get("x_torch_rows"))])
+    return rows
+
+
+def target_rows(targets: list[dict]) -> list[list]:
+    """One row per (layout, target) of ``benchmarks.run.targets``: measured, bound, status."""
+    def value(x, key):
+        if x is None:
+            return "-"
+        if key.startswith(("train_x", "eval_x")):
+            return f"{x:.2f}x"
+        return f"{_num(x)} s" if key == "b8_train_s_per_pair" else f"{x:.2f}"
+
+    rows = []
+    for t in targets:
+        op = {"min": ">=", "max": "<=", "below": "<"}[t["kind"]]
+        if t["met"] is None:
+            status = "not timed"
+        elif t["met"]:
+            status = "met"
+        else:
+            status = f"missed by {100 * t['missed_by']:.0f}%"
+        rows.append([t["model"], t["layout"], t["what"], value(t["measured"], t["target"]),
+                     f"{op} {value(t['bound'], t['target'])}", status])
     return rows
 
 
@@ -82,17 +119,23 @@ def markdown(results: dict) -> str:
              + f"; total {results.get('total_s', 0):.0f} s"
              + ("." if results.get("complete", True) else " (incomplete: still running or cut "
                 "short)."), ""]
-    lines += _table(["model", "layout", "B", "mode", "real rows / R x T", "step s", "pairs/s",
-                     "real rows/s", "tokens/s", "compile s", "MFU", "sys CPU",
-                     "peak RSS GiB"], throughput_rows(results["cases"]))
+    lines += _table(["model", "layout", "B", "mode", "real rows / R x T", "real tokens",
+                     "step s", "pairs/s", "real rows/s", "tokens/s", "compile s", "MFU",
+                     "sys CPU", "peak RSS GiB", "x torch padded", "x torch rows"],
+                    throughput_rows(results["cases"], results.get("torch_ratios")))
     if results.get("ratios"):
-        lines += ["", "Packed layout over the reference layout (pairs/s):", ""]
-        lines += _table(["model", "mode", "packed B", "packed pairs/s", "reference pairs/s",
+        lines += ["", "trip-jax layouts over the reference layout (pairs/s):", ""]
+        lines += _table(["model", "mode", "layout", "B", "pairs/s", "reference pairs/s",
                          "ratio"],
                         [[r["model"] + (" remat" if r.get("remat") else ""), r["mode"],
-                          r["batch_size"], _num(r["packed_pairs_per_s"]),
-                          _num(r["reference_pairs_per_s"]), f"{r['ratio']:.2f}x"]
-                         for r in results["ratios"]])
+                          r.get("layout", "packed"), r["batch_size"],
+                          _num(r["packed_pairs_per_s"]), _num(r["reference_pairs_per_s"]),
+                          f"{r['ratio']:.2f}x"] for r in results["ratios"]])
+    if results.get("targets"):
+        lines += ["", "Targets (issue #15; MiniLM, this machine, same run; torch = the eager "
+                  "PyTorch reference at batch 1):", ""]
+        lines += _table(["model", "layout", "target", "measured", "required", "status"],
+                        target_rows(results["targets"]))
     layout_rows = []
     for c in results["cases"]:
         if "error" in c or c["layout"] != "packed":
@@ -156,7 +199,8 @@ def comparison(runs: dict[str, dict]) -> str:
                     t = c[mode]
                     rows.append([label, changed or "-", _model(c), c["layout"], c["batch_size"],
                                  mode, _num(t["step_s"]), _num(t["pairs_per_s"]),
-                                 _num(t["compile_s"]), _num(t["xla_flops"] / 1e9),
+                                 _num(t["compile_s"]) if "compile_s" in t else "-",
+                                 _num(t["xla_flops"] / 1e9) if t.get("xla_flops") else "-",
                                  f"{c['memory'][f'rss_peak_after_{mode}_mib'] / 1024:.2f}",
                                  f"{c['load_average_before'][0]:.1f}"])
     return "\n".join(_table(["run", "settings", "model", "layout", "B", "mode", "step s",

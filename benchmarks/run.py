@@ -5,11 +5,14 @@
     python -m benchmarks.run --smoke --out /tmp/smoke.json              # seconds-size check
     python -m benchmarks.run --device --smoke --out /tmp/device_smoke.json   # GPU path, on CPU
 
-Every case (model × layout × batch size) runs in its own process (``benchmarks.train_speed``)
-so that its peak memory is its own; so do the epoch curves (``benchmarks.epoch_time``) and the
-matmul peak (``benchmarks.flops``), measured at the start and at the end of the run (MFU uses
-the better one). The JSON holds the environment, the load average before every case, each
-case's record, the cases left out of the grid and why, the packed/reference ratios and the
+Every case (model × layout × batch size) runs in its own process (``benchmarks.train_speed``
+for trip-jax's steps, ``benchmarks.torch_speed`` for the eager PyTorch reference's layouts
+``torch_padded`` and ``torch_rows``) so that its peak memory is its own; so do the epoch
+curves (``benchmarks.epoch_time``) and the matmul peak (``benchmarks.flops``), measured at the
+start and at the end of the run (MFU uses the better one). The JSON holds the environment, the
+load average before every case, each case's record, the cases left out of the grid and why,
+the layout/reference ratios, every trip-jax case's pairs/s over the PyTorch reference's of the
+same model and mode (``torch_ratios``), the MiniLM targets of issue #15 (``targets``) and the
 markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
 
 ``--models``, ``--batch-sizes``, ``--layouts``, ``--skip-curves``, ``--dtype``, ``--remat``,
@@ -34,6 +37,23 @@ from benchmarks import report
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The eager PyTorch reference's layouts (``benchmarks.torch_speed``); every other layout is
+# trip-jax's (``benchmarks.harness.LAYOUTS``, timed by ``benchmarks.train_speed``).
+TORCH_LAYOUTS: tuple[str, ...] = ("torch_padded", "torch_rows")
+REFERENCE_LAYOUT = "reference_dense"  # the reference's layout in trip-jax (the baseline)
+
+# Issue #15's speed targets (MiniLM, this CPU, same run): (key, what, kind, bound), kind "min":
+# measured >= bound, "max": measured <= bound, "below": measured < bound; bound None: measured
+# in the same run (B=1's cost per pair).
+TARGETS_MODEL = "minilm"
+TARGETS: tuple[tuple[str, str, str, float | None], ...] = (
+    ("train_x_torch_padded", "train pairs/s at B=1 over torch padded's", "min", 4.0),
+    ("train_x_torch_rows", "train pairs/s at B=1 over torch rows'", "min", 1.0),
+    ("eval_x_torch_padded", "eval pairs/s at B=1 over torch padded's", "min", 4.0),
+    ("b8_train_s_per_pair", "train s per pair at B=8 (bound: B=1's)", "max", None),
+    ("b8_peak_rss_gib", "peak RSS GiB at B=8 (train)", "below", 4.0),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -46,6 +66,12 @@ class Case:
     iters: int = 2
     max_pairs: int = 0
     remat: bool | None = None  # None: the config's (or --remat)
+
+    @property
+    def module(self) -> str:
+        """The module that times this case."""
+        return ("benchmarks.torch_speed" if self.layout in TORCH_LAYOUTS
+                else "benchmarks.train_speed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,16 +110,19 @@ class Grid:
 
 def _cpu_grid() -> Grid:
     """The CPU grid: 2 cores; iters=1 where one step takes tens of seconds."""
-    ref = "reference_dense"
+    ref = REFERENCE_LAYOUT
     cases = (
         *(Case("tiny", "packed", b, iters=3) for b in (1, 8, 32)),
         Case("tiny", ref, 1, iters=3),
+        *(Case("tiny", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
         Case("minilm", "packed", 1),
         Case("minilm", ref, 1),
         Case("minilm", "packed", 8, iters=1),
         Case("minilm", "packed", 32, modes=("eval",), iters=1),
+        *(Case("minilm", layout, 1) for layout in TORCH_LAYOUTS),
         Case("base", "packed", 1, iters=1),
         Case("base", ref, 1, modes=("eval",), iters=1),
+        *(Case("base", layout, 1, modes=("eval",), iters=1) for layout in TORCH_LAYOUTS),
     )
     skipped = (
         Skipped("minilm", "packed", 32, ("train",),
@@ -105,6 +134,8 @@ def _cpu_grid() -> Grid:
                 "CPU: ~15 s per pair per train step; left to the device grid"),
         Skipped("base", ref, 1, ("train",),
                 "CPU: 266 rows a step, ~40 s a train step and ~13 GB; eval only"),
+        *(Skipped("base", layout, 1, ("train",), "CPU: eval only, as base reference_dense")
+          for layout in TORCH_LAYOUTS),
     )
     curves = (Curve("tiny", 32),)
     return Grid("cpu", cases, skipped, curves, peak_size=2048, peak_dtypes=("float32",))
@@ -112,7 +143,7 @@ def _cpu_grid() -> Grid:
 
 def _device_grid() -> Grid:
     """The GPU grid: RoBERTa-large-sized, bfloat16, larger batches (one prepared run)."""
-    ref = "reference_dense"
+    ref = REFERENCE_LAYOUT
     # Without remat a RoBERTa-large train step keeps ~1 MB of activations per token (24
     # layers), ~100 GB at 32 pairs (~100k tokens): batch 64 needs remat on a 141 GB H200, and
     # batch 32 runs both ways (remat's memory/time trade, measured).
@@ -132,7 +163,9 @@ def _smoke_grid(device: bool) -> Grid:
     """A seconds-size grid over the same code paths (tests, and a check before a long run)."""
     model = "smoke_large" if device else "tiny"
     cases = (Case(model, "packed", 2, iters=1, max_pairs=4),
-             Case(model, "reference_dense", 1, modes=("eval",), iters=1, max_pairs=4))
+             Case(model, REFERENCE_LAYOUT, 1, modes=("eval",), iters=1, max_pairs=4))
+    if not device:  # the eager PyTorch reference runs on CPU
+        cases += tuple(Case(model, layout, 1, iters=1, max_pairs=4) for layout in TORCH_LAYOUTS)
     curves = (Curve(model, 2, reps=(1, 2), max_pairs=4),)
     return Grid("device_smoke" if device else "smoke", cases, (), curves, peak_size=256,
                 peak_dtypes=("bfloat16", "float32") if device else ("float32",))
@@ -206,6 +239,8 @@ def _run_recorded(label: str, module: str, args: list[str], key: str, spec, opti
 def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
     spec = {"model": case.model, "layout": case.layout, "batch_size": case.batch_size,
             "modes": list(case.modes), "iters": case.iters, "max_pairs": case.max_pairs}
+    if case.layout in TORCH_LAYOUTS:  # float32, no remat, the config's rows and PRNG
+        return ["--case", json.dumps(spec)]
     for key in ("dtype", "remat", "prng_impl", "short_seq_len"):
         if getattr(options, key) is not None:
             spec[key] = getattr(options, key)
@@ -252,19 +287,104 @@ def add_mfu(cases: list[dict], peaks: dict) -> None:
 
 
 def ratios(cases: list[dict]) -> list[dict]:
-    """Packed pairs/s over reference-layout pairs/s, per model, mode and packed batch size."""
-    ok = [c for c in cases if "error" not in c]
+    """Pairs/s of every other trip-jax layout (``layout``; ``packed_*`` keys: that layout's)
+    over the reference layout's, per model, mode and batch size."""
+    ok = [c for c in cases if "error" not in c and c["layout"] not in TORCH_LAYOUTS]
     result = []
-    for ref in (c for c in ok if c["layout"] == "reference_dense"):
-        for packed in (c for c in ok if c["layout"] == "packed" and c["model"] == ref["model"]):
+    for ref in (c for c in ok if c["layout"] == REFERENCE_LAYOUT):
+        for packed in (c for c in ok if c["layout"] != REFERENCE_LAYOUT
+                       and c["model"] == ref["model"]):
             for mode in ("eval", "train"):
                 if mode in ref and mode in packed:
                     result.append({
-                        "model": ref["model"], "mode": mode, "batch_size": packed["batch_size"],
-                        "remat": packed["remat"],
+                        "model": ref["model"], "mode": mode, "layout": packed["layout"],
+                        "batch_size": packed["batch_size"], "remat": packed["remat"],
                         "packed_pairs_per_s": packed[mode]["pairs_per_s"],
                         "reference_pairs_per_s": ref[mode]["pairs_per_s"],
                         "ratio": packed[mode]["pairs_per_s"] / ref[mode]["pairs_per_s"]})
+    return result
+
+
+def torch_ratios(cases: list[dict]) -> list[dict]:
+    """For every timed mode of every trip-jax case: its pairs/s over the PyTorch reference's
+    (``torch_padded`` and ``torch_rows``) of the same model and mode, in the same run. The
+    torch case of the same batch size is used when timed, else batch 1 (the reference's)."""
+    ok = [c for c in cases if "error" not in c]
+    torch_cases = [c for c in ok if c["layout"] in TORCH_LAYOUTS]
+    result = []
+    for case in (c for c in ok if c["layout"] not in TORCH_LAYOUTS):
+        for mode in ("train", "eval"):
+            if mode not in case:
+                continue
+            entry = {"model": case["model"], "layout": case["layout"],
+                     "batch_size": case["batch_size"], "remat": case.get("remat", False),
+                     "mode": mode, "pairs_per_s": case[mode]["pairs_per_s"]}
+            for layout in TORCH_LAYOUTS:
+                same = [t for t in torch_cases if t["layout"] == layout
+                        and t["model"] == case["model"] and mode in t]
+                match = ([t for t in same if t["batch_size"] == case["batch_size"]]
+                         or [t for t in same if t["batch_size"] == 1])
+                if match:
+                    reference = match[0][mode]["pairs_per_s"]
+                    entry[f"{layout}_batch_size"] = match[0]["batch_size"]
+                    entry[f"{layout}_pairs_per_s"] = reference
+                    entry[f"x_{layout}"] = case[mode]["pairs_per_s"] / reference
+            if any(f"x_{layout}" in entry for layout in TORCH_LAYOUTS):
+                result.append(entry)
+    return result
+
+
+def _target_measures(cases: list[dict], torch: list[dict], layout: str) -> dict:
+    """The measured value and bound of every target for one trip-jax layout (None: not
+    timed in this run)."""
+    def case(batch_size):
+        return next((c for c in cases if "error" not in c and c["model"] == TARGETS_MODEL
+                     and c["layout"] == layout and c["batch_size"] == batch_size
+                     and not c.get("remat")), None)
+
+    def ratio(mode, key):
+        entry = next((r for r in torch if r["model"] == TARGETS_MODEL and r["layout"] == layout
+                      and r["batch_size"] == 1 and r["mode"] == mode and not r.get("remat")),
+                     {})
+        return entry.get(key)
+
+    def per_pair(c):
+        return c["train"]["step_s"] / c["batch_size"] if c and "train" in c else None
+
+    one, eight = case(1), case(8)
+    rss = (eight["memory"].get("rss_peak_after_train_mib") if eight and "train" in eight
+           else None)
+    return {"train_x_torch_padded": (ratio("train", "x_torch_padded"), None),
+            "train_x_torch_rows": (ratio("train", "x_torch_rows"), None),
+            "eval_x_torch_padded": (ratio("eval", "x_torch_padded"), None),
+            "b8_train_s_per_pair": (per_pair(eight), per_pair(one)),
+            "b8_peak_rss_gib": (rss / 1024 if rss else None, None)}
+
+
+def targets(cases: list[dict], torch: list[dict]) -> list[dict]:
+    """Issue #15's MiniLM targets (``TARGETS``) for every trip-jax layout timed on MiniLM
+    (the reference layout excepted): measured value, bound, met, and by how much a missed one
+    falls short (``missed_by``, a fraction of the bound)."""
+    layouts = sorted({c["layout"] for c in cases if "error" not in c
+                      and c["model"] == TARGETS_MODEL
+                      and c["layout"] not in (*TORCH_LAYOUTS, REFERENCE_LAYOUT)})
+    result = []
+    for layout in layouts:
+        measures = _target_measures(cases, torch, layout)
+        for key, what, kind, bound in TARGETS:
+            measured, measured_bound = measures[key]
+            bound = measured_bound if bound is None else bound
+            entry = {"model": TARGETS_MODEL, "layout": layout, "target": key, "what": what,
+                     "kind": kind, "bound": bound, "measured": measured}
+            if measured is None or bound is None:
+                entry["met"] = None  # not timed in this run
+            elif kind == "min":
+                entry["met"] = measured >= bound
+                entry["missed_by"] = max(0.0, 1 - measured / bound)
+            else:
+                entry["met"] = measured <= bound if kind == "max" else measured < bound
+                entry["missed_by"] = 0.0 if entry["met"] else measured / bound - 1
+            result.append(entry)
     return result
 
 
@@ -286,6 +406,8 @@ def save(results: dict, out: Path, started: float) -> None:
     peaks["best_flops_per_s"] = best_peaks(peaks["start"], peaks.get("end", {}))
     add_mfu(results["cases"], peaks["best_flops_per_s"])
     results["ratios"] = ratios(results["cases"])
+    results["torch_ratios"] = torch_ratios(results["cases"])
+    results["targets"] = targets(results["cases"], results["torch_ratios"])
     results["total_s"] = time.perf_counter() - started
     results["markdown"] = report.markdown(results)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -303,7 +425,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--models", default=None, help="comma-separated subset of the grid")
     parser.add_argument("--batch-sizes", default=None,
                         help="batch sizes to keep (the reference layout is 1)")
-    parser.add_argument("--layouts", default=None, help="packed and/or reference_dense")
+    parser.add_argument("--layouts", default=None,
+                        help="comma-separated: packed, reference_dense, torch_padded, torch_rows")
     parser.add_argument("--skip-curves", action="store_true")
     parser.add_argument("--dtype", default=None, help="override model.dtype")
     parser.add_argument("--remat", default=None, action="store_true",
@@ -342,7 +465,7 @@ def main(argv=None) -> dict:
     for case in grid.cases:
         label = f"case {case.model} {case.layout} B={case.batch_size} {','.join(case.modes)}"
         results["cases"].append(_run_recorded(
-            label, "benchmarks.train_speed", _case_args(case, options), "case", case, options, env))
+            label, case.module, _case_args(case, options), "case", case, options, env))
         save(results, out, started)
     for curve in grid.curves:
         label = f"epoch curve {curve.model} {curve.layout} B={curve.batch_size}"

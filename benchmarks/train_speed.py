@@ -7,9 +7,10 @@ compile ahead of time (compile time, XLA's FLOP count and memory plan), one firs
 ``iters`` timed runs (steady state = their median). Eval runs before train because the train
 step donates (consumes) the state.
 
-Layouts: ``packed`` (the training layout, the config's buckets, ``batch_size`` representative
-pairs) and ``reference_dense`` (the reference's: one pair padded to the data's largest entity
-count, 7 sentences and the longest row).
+Layouts (``harness.LAYOUTS``): ``packed`` (the training layout, the config's buckets,
+``batch_size`` representative pairs) and ``reference_dense`` (the reference's: one pair padded to
+the data's largest entity count, 7 sentences and the longest row). The eager PyTorch reference's
+cases are ``benchmarks.torch_speed``.
 
     python -m benchmarks.train_speed --case '{"model": "tiny", "layout": "packed",
         "batch_size": 2, "iters": 1}' --out /tmp/case.json
@@ -31,7 +32,6 @@ import numpy as np
 from benchmarks import flops, harness
 from trip_jax import runtime
 
-LAYOUTS: tuple[str, ...] = ("packed", "reference_dense")
 MODES: tuple[str, ...] = ("eval", "train")
 
 
@@ -89,9 +89,10 @@ def time_step(lowerable, call: Callable[[], object], iters: int, args: tuple) ->
             **_cost(compiled)}
 
 
-def _batch_info(local: dict[str, np.ndarray], real_lengths: np.ndarray) -> dict:
+def batch_info(local: dict[str, np.ndarray], real_lengths: np.ndarray) -> dict:
+    """Pairs, real and encoder rows and tokens, and shapes of a host batch."""
     groups = flops.row_group_shapes(local)
-    return {"pairs": int(local["pair_mask"].sum()), "real_rows": int(local["row_mask"].sum()),
+    info = {"pairs": int(local["pair_mask"].sum()), "real_rows": int(local["row_mask"].sum()),
             "encoder_rows": sum(rows for rows, _, _ in groups),
             "seq_len": int(local["input_ids"].shape[1]),
             "row_groups": [list(g) for g in groups],  # (rows, real rows, T) per group
@@ -99,10 +100,14 @@ def _batch_info(local: dict[str, np.ndarray], real_lengths: np.ndarray) -> dict:
             "grid_slots": int(np.prod(local["row_mask"].shape)),
             "real_tokens": int(real_lengths.sum()),
             "encoder_tokens": sum(rows * seq_len for rows, _, seq_len in groups)}
+    # Packing efficiency: real tokens over the tokens the encoder runs on.
+    info["packing_efficiency"] = info["real_tokens"] / info["encoder_tokens"]
+    return info
 
 
-def _rates(timing: dict, info: dict, flops: dict) -> dict:
-    """Throughputs of one timed mode."""
+def rates(timing: dict, info: dict, flops: dict) -> dict:
+    """Throughputs of one timed mode (``timing["step_s"]``, ``batch_info``, the mode's FLOPs),
+    merged with the timing and FLOPs."""
     step = timing["step_s"]
     rates = {"pairs_per_s": info["pairs"] / step, "real_rows_per_s": info["real_rows"] / step,
              "tokens_per_s": info["real_tokens"] / step,
@@ -120,28 +125,30 @@ def run_case(case: dict) -> dict:
         # Global, so it must be set before the harness creates the init and dropout keys.
         runtime.set_prng_impl(case["prng_impl"])
     layout, batch_size = case["layout"], int(case["batch_size"])
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-    if layout == "reference_dense" and batch_size != 1:
-        raise ValueError("the reference layout holds one pair a batch (batch_size 1)")
+    if layout not in harness.LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of "
+                         f"{sorted(harness.LAYOUTS)}")
+    spec = harness.LAYOUTS[layout]
+    if spec.one_pair and batch_size != 1:
+        raise ValueError(f"layout {layout!r} holds one pair a batch (batch_size 1)")
     start = time.perf_counter()
     h = harness.Harness.build(case["model"], data_dir=case.get("data_dir", ""),
                               max_pairs=case.get("max_pairs", 0), dtype=case.get("dtype"),
-                              remat=case.get("remat"), short_seq_len=case.get("short_seq_len"))
+                              remat=case.get("remat"), short_seq_len=case.get("short_seq_len"),
+                              overrides=spec.overrides)
     jax.block_until_ready(h.state)
     setup_s = time.perf_counter() - start
 
     pairs = harness.representative_pairs(h.encoded, batch_size)
     start = time.perf_counter()
-    local = (h.packed_batch(pairs) if layout == "packed"
-             else h.reference_dense_batch(pairs[0]))
+    local = spec.batch(h, pairs)
     host_batch_s = time.perf_counter() - start
     start = time.perf_counter()
     batch = jax.block_until_ready(h.to_device(local))
     to_device_s = time.perf_counter() - start
 
     real_lengths = np.concatenate([s.lengths for p in pairs for s in p.stories])
-    info = _batch_info(local, real_lengths)
+    info = batch_info(local, real_lengths)
     step_flops = flops.step_flops(h.hf_config, h.tiered, local, real_lengths)
     record = {"case": case, "model": h.name, "layout": layout, "batch_size": batch_size,
               "dtype": h.config.model.dtype, "remat": bool(h.config.model.remat),
@@ -153,7 +160,7 @@ def run_case(case: dict) -> dict:
               "encoder_matmul_params": flops.encoder_matmul_params(h.hf_config),
               "batch": info, "setup_s": setup_s, "host_batch_s": host_batch_s,
               "to_device_s": to_device_s,
-              "epoch_layout": h.layout_summary(batch_size if layout == "packed" else 1),
+              "epoch_layout": h.layout_summary(1 if spec.one_pair else batch_size),
               "memory": {"rss_after_setup_mib": peak_rss_mib()}}
 
     iters = int(case.get("iters", 2))
@@ -171,7 +178,7 @@ def run_case(case: dict) -> dict:
             timing = time_step(h.train_step, train_call, iters, (state, batch))
         else:
             raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-        record[mode] = _rates(timing, info, step_flops[mode])
+        record[mode] = rates(timing, info, step_flops[mode])
         record["memory"][f"rss_peak_after_{mode}_mib"] = peak_rss_mib()
         record["memory"][f"device_peak_after_{mode}_bytes"] = device_peak_bytes()
     return record

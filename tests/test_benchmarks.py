@@ -1,7 +1,8 @@
 """The benchmark harness end to end at smoke size: the JSON it writes has every expected field.
 
-Runs ``python -m benchmarks.run --smoke`` (tiny model, 4 dev pairs, one step per timing) and
-the GPU grid's code path (``--device --smoke``: RoBERTa-type encoder in bfloat16) on CPU, on the
+Runs ``python -m benchmarks.run --smoke`` (tiny model, 4 dev pairs, one step per timing; the
+trip-jax cases and the eager PyTorch reference's, and their ratios) and the GPU grid's code
+path (``--device --smoke``: RoBERTa-type encoder in bfloat16) on CPU, on the
 shared TRIP data. No timing is asserted: the CPU is shared. A persistent compilation cache
 shared by the processes keeps the run short.
 """
@@ -12,9 +13,12 @@ import json
 
 import pytest
 
-from benchmarks import flops, models, run
+from benchmarks import flops, harness, models, report, run, train_speed
 from trip_jax.models.tiered import TieredConfig
 
+TORCH_FIELDS = {"first_run_s", "step_s", "step_s_all", "pairs_per_s", "real_rows_per_s",
+                "tokens_per_s", "model_flops", "mfu", "cpu_user_s_per_step",
+                "cpu_sys_s_per_step"}
 TIMED_FIELDS = {"compile_s", "first_call_s", "step_s", "pairs_per_s", "real_rows_per_s",
                 "tokens_per_s", "model_flops", "model_flops_per_s", "mfu", "xla_flops",
                 "cpu_user_s_per_step", "cpu_sys_s_per_step"}
@@ -58,20 +62,68 @@ def check_case(case: dict, layout: str, modes: tuple[str, ...]) -> None:
         assert summary[name]["distinct_shapes"] >= 1
 
 
+def check_torch_case(case: dict, layout: str) -> None:
+    assert "error" not in case, case.get("stderr_tail")
+    assert case["layout"] == layout and case["framework"] == "torch"
+    assert case["pairs_per_step"] == "batched" and case["threads"] >= 1
+    batch = case["batch"]
+    assert batch["pairs"] == 1
+    assert 0 < batch["real_rows"] < batch["encoder_rows"]
+    assert 0 < batch["real_tokens"] < batch["encoder_tokens"]
+    assert batch["packing_efficiency"] == pytest.approx(
+        batch["real_tokens"] / batch["encoder_tokens"])
+    for mode in ("eval", "train"):
+        timed = case[mode]
+        assert TORCH_FIELDS <= timed.keys(), TORCH_FIELDS - timed.keys()
+        assert timed["step_s"] > 0 and timed["pairs_per_s"] == pytest.approx(1 / timed["step_s"])
+        assert case["memory"][f"rss_peak_after_{mode}_mib"] >= case["memory"][
+            "rss_after_setup_mib"] > 0
+
+
 def test_cpu_smoke_results(tmp_path):
     results = run_smoke(tmp_path)
     assert results["grid"] == "smoke"
     assert results["matmul_peak"]["best_flops_per_s"]["float32"] > 0
     assert len(results["load_average"]["start"]) == 3
-    packed, reference = results["cases"]
+    cases = {c["layout"]: c for c in results["cases"]}
+    packed, reference = cases["packed"], cases["reference_dense"]
+    torch_padded, torch_rows = cases["torch_padded"], cases["torch_rows"]
     check_case(packed, "packed", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["batch"]["pairs"] == 2 and reference["batch"]["pairs"] == 1
     # The reference pads to the data's largest story: more encoder rows than real ones.
     assert reference["batch"]["encoder_rows"] > reference["batch"]["real_rows"]
-    [ratio] = results["ratios"]
-    assert ratio["mode"] == "eval" and ratio["ratio"] == pytest.approx(
+    ratios = {(r["layout"], r["mode"]): r for r in results["ratios"]}
+    ratio = ratios[("packed", "eval")]
+    assert ratio["ratio"] == pytest.approx(
         ratio["packed_pairs_per_s"] / ratio["reference_pairs_per_s"])
+
+    # The PyTorch reference on the pair of the reference-layout case: padded, every cell of
+    # the data-maximum grid a row of 16 tokens; rows, the real rows at the packed batch's T
+    # plus the one padding row.
+    check_torch_case(torch_padded, "torch_padded")
+    check_torch_case(torch_rows, "torch_rows")
+    real_rows = reference["batch"]["real_rows"]
+    assert torch_padded["batch"]["real_rows"] == torch_rows["batch"]["real_rows"] == real_rows
+    assert torch_padded["batch"]["seq_len"] == 16
+    assert torch_padded["batch"]["grid_shape"] == reference["batch"]["grid_shape"]
+    assert torch_padded["batch"]["encoder_rows"] == reference["batch"]["grid_slots"]
+    assert torch_rows["batch"]["seq_len"] == packed["batch"]["seq_len"]
+    assert torch_rows["batch"]["encoder_rows"] == real_rows + 1
+    # Every timed trip-jax mode over both torch layouts' pairs/s, same model and mode.
+    torch_ratios = {(r["layout"], r["batch_size"], r["mode"]): r for r in results["torch_ratios"]}
+    assert set(torch_ratios) == {(c["layout"], c["batch_size"], mode) for c in cases.values()
+                                 if c["layout"] not in run.TORCH_LAYOUTS
+                                 for mode in ("eval", "train") if mode in c}
+    assert {("packed", 2, "train"), ("reference_dense", 1, "eval")} <= set(torch_ratios)
+    for (layout, _, mode), r in torch_ratios.items():
+        jax_case = cases[layout]
+        for torch_case in (torch_padded, torch_rows):
+            name = torch_case["layout"]
+            assert r[f"{name}_batch_size"] == 1
+            assert r[f"x_{name}"] > 0 and r[f"x_{name}"] == pytest.approx(
+                jax_case[mode]["pairs_per_s"] / torch_case[mode]["pairs_per_s"])
+    assert results["targets"] == []  # MiniLM's: not in the smoke grid
     [curve] = results["epoch_curves"]
     assert "error" not in curve, curve.get("stderr_tail")
     assert [(p["repeat"], p["pairs"]) for p in curve["points"]] == [(1, 4), (2, 8)]
@@ -81,17 +133,57 @@ def test_cpu_smoke_results(tmp_path):
     assert curve["first_epoch_s"] > curve["points"][0]["epoch_s"]
     assert set(curve["fit"]) == {"s_per_pair", "fixed_s"}
     assert "| tiny | packed | 2 | train |" in results["markdown"]
+    assert "| tiny | torch_rows | 1 | train |" in results["markdown"]
+    assert "| x torch padded | x torch rows |" in results["markdown"]
+    eval_ratio = torch_ratios[("reference_dense", 1, "eval")]
+    assert f"| {eval_ratio['x_torch_padded']:.2f}x | {eval_ratio['x_torch_rows']:.2f}x |" in (
+        results["markdown"])
 
 
 def test_device_grid_runs_on_cpu(tmp_path):
     results = run_smoke(tmp_path, "--device", "--skip-curves")
     assert results["grid"] == "device_smoke"
     assert set(results["matmul_peak"]["best_flops_per_s"]) == {"bfloat16", "float32"}
-    packed, reference = results["cases"]
+    cases = {c["layout"]: c for c in results["cases"]}
+    packed, reference = cases["packed"], cases["reference_dense"]
+    assert not set(cases) & set(run.TORCH_LAYOUTS)  # the eager reference is timed on CPU grids
     check_case(packed, "packed", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["dtype"] == "bfloat16" and packed["encoder"]["model_type"] == "roberta"
     assert results["epoch_curves"] == []
+
+
+def _minilm_case(layout: str, batch_size: int, step_s: float, rss_mib: float) -> dict:
+    """A results record with what the targets read (a train step per pair of ``step_s``)."""
+    timed = {"step_s": step_s, "pairs_per_s": batch_size / step_s}
+    return {"model": "minilm", "layout": layout, "batch_size": batch_size, "remat": False,
+            "train": timed, "eval": {"step_s": step_s / 4, "pairs_per_s": 4 * batch_size / step_s},
+            "memory": {"rss_peak_after_train_mib": rss_mib}}
+
+
+def test_targets_say_met_or_by_how_much_missed():
+    cases = [_minilm_case("packed", 1, 2.0, 3000), _minilm_case("packed", 8, 12.0, 6144),
+             _minilm_case("torch_padded", 1, 6.0, 2000), _minilm_case("torch_rows", 1, 1.6, 2000),
+             _minilm_case("reference_dense", 1, 5.0, 3000)]
+    ratios = run.torch_ratios(cases)
+    targets = {t["target"]: t for t in run.targets(cases, ratios)}
+    assert {t["layout"] for t in run.targets(cases, ratios)} == {"packed"}
+    # 6.0 / 2.0 = 3x the padded step: 25% short of 4x; 1.6 / 2.0 = 0.8x the rows step.
+    assert targets["train_x_torch_padded"]["measured"] == pytest.approx(3.0)
+    assert targets["train_x_torch_padded"]["missed_by"] == pytest.approx(0.25)
+    assert targets["train_x_torch_rows"]["missed_by"] == pytest.approx(0.2)
+    assert targets["eval_x_torch_padded"]["met"] is False
+    # Batch 8: 1.5 s a pair against 2.0 s at batch 1 (met); 6 GiB peak, 50% over 4 GiB.
+    assert targets["b8_train_s_per_pair"]["met"] is True
+    assert targets["b8_train_s_per_pair"]["bound"] == pytest.approx(2.0)
+    assert targets["b8_peak_rss_gib"]["measured"] == pytest.approx(6.0)
+    assert targets["b8_peak_rss_gib"]["missed_by"] == pytest.approx(0.5)
+    rows = report.target_rows(list(targets.values()))
+    assert [r[-1] for r in rows] == ["missed by 25%", "missed by 20%", "missed by 25%", "met",
+                                     "missed by 50%"]
+    # Without a batch 8 case those targets are "not timed", not met.
+    targets = run.targets(cases[:1] + cases[2:], ratios)
+    assert [r[-1] for r in report.target_rows(targets)][-2:] == ["not timed", "not timed"]
 
 
 def test_device_grid_is_roberta_large_bf16_at_large_batches():
@@ -104,6 +196,20 @@ def test_device_grid_is_roberta_large_bf16_at_large_batches():
     assert config.model.dtype == "bfloat16"
     assert config.model.random_encoder.hidden_size == 1024
     assert config.model.random_encoder.num_hidden_layers == 24
+
+
+def test_layout_table_sets_config_keys_and_batch_sizes():
+    config = models.model_config("tiny")
+    for key, value in {"data.layout": "dense", "model.tiered.detector_layers": 3}.items():
+        harness.set_config_value(config, key, value)
+    assert config.data.layout == "dense" and config.model.tiered.detector_layers == 3
+    assert harness.LAYOUTS["packed"].overrides == {"data.layout": "packed"}
+    assert [n for n, spec in harness.LAYOUTS.items() if spec.baseline] == [run.REFERENCE_LAYOUT]
+    assert not set(harness.LAYOUTS) & set(run.TORCH_LAYOUTS)
+    with pytest.raises(ValueError, match="one pair a batch"):
+        train_speed.run_case({"model": "tiny", "layout": "reference_dense", "batch_size": 2})
+    with pytest.raises(ValueError, match="unknown layout"):
+        train_speed.run_case({"model": "tiny", "layout": "torch_rows", "batch_size": 1})
 
 
 def test_encoder_flops_formula():
