@@ -29,7 +29,6 @@ import numpy as np
 
 from benchmarks import harness, padding
 from trip_jax import input_pipeline, runtime
-from trip_jax.batch_contract import row_groups
 from trip_jax.data import batching
 
 
@@ -57,10 +56,8 @@ def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: in
 
 
 def _shape(local: dict) -> tuple:
-    """What a jitted step compiles for: each row group's encoder input and the (B, 2, E, S)
-    grid."""
-    return (*(local[prefix + "input_ids"].shape for prefix in row_groups(local)),
-            local["row_mask"].shape)
+    """What a jitted step compiles for: the shape of every batch array."""
+    return tuple(sorted((key, value.shape) for key, value in local.items()))
 
 
 def compile_shapes(h: harness.Harness, state, streams) -> dict[tuple, dict]:
@@ -108,13 +105,13 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
                 reps: tuple[int, ...] = (1, 2, 4), data_dir: str = "", max_pairs: int = 0,
                 dtype: str | None = None, prng_impl: str | None = None,
                 short_seq_len: int | None = None,
-                sort_window: int = 0) -> dict:
-    """Compiles every shape, then times warm epochs at ``reps`` × the dev pairs."""
+                sort_window: int = 0, split: str = "dev") -> dict:
+    """Compiles every shape, then times warm epochs at ``reps`` × the pairs of ``split``."""
     if prng_impl:
         runtime.set_prng_impl(prng_impl)
     h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
                               short_seq_len=short_seq_len,
-                              overrides=harness.LAYOUTS[layout].overrides)
+                              overrides=harness.LAYOUTS[layout].overrides, split=split)
 
     def stream(epoch: int):
         return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch, sort_window)
@@ -134,7 +131,7 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
     return {"model": model, "layout": layout, "batch_size": batch_size,
             "dtype": h.config.model.dtype, "prng_impl": str(jax.config.jax_default_prng_impl),
             "short_seq_len": int(h.config.data.short_seq_len),
-            "sort_window": sort_window, "dev_pairs": len(h.encoded),
+            "sort_window": sort_window, "split": split, "dev_pairs": len(h.encoded),
             "compile": {"shapes": len(compiled),
                         "shapes_in_first_epoch": sum(c["epoch"] == 0 for c in compiled.values()),
                         "compile_s": sum(c["compile_s"] for c in compiled.values()),
@@ -156,13 +153,15 @@ def main(argv=None) -> None:
     parser.add_argument("--prng-impl", default=None)
     parser.add_argument("--sort-window", type=int, default=0,
                         help="batches per size-sorting window (0: shuffled, as training does)")
+    parser.add_argument("--split", default="dev", choices=harness.SPLITS,
+                        help="the pairs of an epoch: all dev pairs, or a dev_train run's")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     result = epoch_curve(args.model, args.batch_size, layout=args.layout,
                          reps=tuple(int(r) for r in args.reps.split(",")),
                          max_pairs=args.max_pairs, dtype=args.dtype, prng_impl=args.prng_impl,
                          short_seq_len=args.short_seq_len,
-                         sort_window=args.sort_window)
+                         sort_window=args.sort_window, split=args.split)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 
 from benchmarks import models
-from trip_jax import builders, input_pipeline, sharding
+from trip_jax import builders, input_pipeline, protocol, sharding
 from trip_jax.data import batching, features, readers
 from trip_jax.data.features import Buckets, EncodedPair
 from trip_jax.data.types import StoryPair
@@ -35,6 +35,8 @@ from trip_jax.models.tiered import TieredConfig
 if TYPE_CHECKING:  # imported where a Harness is built: ModelData alone does not need it
     from trip_jax import train
 
+# The pair sets a harness can load.
+SPLITS = ("dev", "dev_train")
 # Steps the optimizer schedule is built for (the constant schedule ignores it).
 _SCHEDULE_STEPS = 10_000
 
@@ -53,15 +55,23 @@ class ModelData:
     def load(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
              dtype: str | None = None, remat: bool | None = None,
              short_seq_len: int | None = None,
-             overrides: Mapping[str, Any] | None = None) -> "ModelData":
+             overrides: Mapping[str, Any] | None = None, split: str = "dev") -> "ModelData":
         """Model ``name`` (see ``benchmarks.models``) with ``overrides`` (dotted config keys)
-        set, and the dev pairs of ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs``
-        keeps only the first N pairs."""
+        set, and the pairs of ``split`` ("dev", or "dev_train": what a dev_train run trains on)
+        of ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps only the first N
+        pairs."""
         config = models.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
         for key, value in (overrides or {}).items():
             set_config_value(config, key, value)
         config.data.data_dir = data_dir
-        pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
+        if split == "dev_train":
+            # The pairs a dev_train run trains on: dev minus its held-out slice.
+            config.data.protocol = "dev_train"
+            pairs = protocol.load_protocol_splits(config.data).train
+        elif split == "dev":
+            pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
+        else:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
         if max_pairs:
             pairs = pairs[:max_pairs]
         tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
@@ -109,10 +119,11 @@ class Harness:
     def build(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
               dtype: str | None = None, remat: bool | None = None,
               short_seq_len: int | None = None,
-              overrides: Mapping[str, Any] | None = None) -> "Harness":
-        """Builds model ``name`` on the dev pairs (arguments: ``ModelData.load``)."""
+              overrides: Mapping[str, Any] | None = None, split: str = "dev") -> "Harness":
+        """Builds model ``name`` on the pairs of ``split`` (arguments: ``ModelData.load``)."""
         data = ModelData.load(name, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
-                              remat=remat, short_seq_len=short_seq_len, overrides=overrides)
+                              remat=remat, short_seq_len=short_seq_len, overrides=overrides,
+                              split=split)
         from trip_jax import train  # noqa: PLC0415 - checkpointing imports, not for ModelData
 
         config = data.config
@@ -169,7 +180,10 @@ class Harness:
         S = self.config.data.max_sentences
         stats = batching.layout_stats(self.encoded, batch_size, buckets=self.buckets,
                                       seq_len=self.seq_len, max_sentences=S,
-                                      short_seq_len=self.layout.short_seq_len)
+                                      short_seq_len=self.layout.short_seq_len,
+                                      pack_length=self.layout.pack_length,
+                                      max_shapes=self.layout.max_shapes,
+                                      dedup_rows=self.layout.dedup_rows)
         real_tokens = stats["real_tokens"]
         summary = {"batch_size": batch_size, "pairs": len(self.encoded),
                    "real_rows": stats["real_rows"], "real_tokens": real_tokens}
@@ -235,7 +249,11 @@ class BenchmarkLayout:
 # layout of the data pipeline is one entry: its config keys, and ``Harness.config_batch`` if
 # the input pipeline builds its batches.
 LAYOUTS: dict[str, BenchmarkLayout] = {
-    "packed": BenchmarkLayout({"data.layout": "packed"}, Harness.config_batch),
+    "packed": BenchmarkLayout({"data.layout": "packed", "model.tiered.cells": "grid"},
+                              Harness.config_batch),
+    "packed_tokens": BenchmarkLayout({"data.layout": "packed_tokens", "data.seq_len": 0,
+                                      "data.short_seq_len": 0, "model.tiered.cells": "real"},
+                                     Harness.config_batch),
     "reference_dense": BenchmarkLayout(
-        {}, lambda h, pairs: h.reference_dense_batch(pairs[0]), one_pair=True, baseline=True),
+        {"model.tiered.cells": "grid"}, lambda h, pairs: h.reference_dense_batch(pairs[0]), one_pair=True, baseline=True),
 }

@@ -158,7 +158,7 @@ def test_short_row_group_errors_and_shape_keys(encoded):
     with pytest.raises(ValueError, match="between 1 and seq_len - 1"):
         _all(encoded, 2, seq_len=40, short_seq_len=40)
     plans = batching.plan_batches(encoded, 2, short_seq_len=12)
-    assert all(p.shape_key == (p.num_entities, p.num_rows, p.seq_len, p.num_short_rows, 12)
+    assert all(p.shape_key == (p.num_entities, p.num_rows, p.seq_len, p.num_short_rows, 12, 0, 0)
                for p in plans)
 
 
@@ -171,5 +171,6 @@ def test_layout_stats_counts_tokens_and_compiled_shapes(encoded):
                                          for b in _all(encoded, 1, short_seq_len=12))
     assert split["packed_tokens"] < one["packed_tokens"]
     assert split["real_tokens"] == one["real_tokens"] > 0
-    assert one["packed_shapes"] == sorted({(b["row_mask"].shape[2], *b["input_ids"].shape, 0, 0)
+    assert one["packed_shapes"] == sorted({(b["row_mask"].shape[2], *b["input_ids"].shape,
+                                            0, 0, 0, 0)
                                            for b in _all(encoded, 1)})

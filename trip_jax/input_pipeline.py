@@ -48,6 +48,8 @@ class Layout:
     seq_len: fixed T of every batch (None: bucketed per batch; packed and dense only).
     pack_length: P, the tokens of a packed sequence (packed_tokens).
     max_shapes: at most this many batch shapes per split and batch size (packed_tokens).
+    dedup_rows: rows of a batch with equal tokens are encoded once (packed_tokens; equal
+      results in evaluation, one shared encoder dropout draw in training).
     short_seq_len: rows of at most this many tokens form a second row group (None: one group).
     buckets: rounding of E, T and R to few shapes.
     token_types: "segments" (the tokenizer's type ids) or "zeros" (the reference's).
@@ -68,6 +70,7 @@ class Layout:
     num_entities: int | None = None
     pack_length: int = batching.DEFAULT_PACK_LENGTH
     max_shapes: int = batching.DEFAULT_MAX_SHAPES
+    dedup_rows: bool = False
 
     def __post_init__(self):
         if self.layout not in features.LAYOUTS:
@@ -93,7 +96,8 @@ class Layout:
                    token_types=data_config.get("token_types", "segments"),
                    entity_padding=data_config.get("entity_padding", "bucket"),
                    pack_length=data_config.get("pack_length", batching.DEFAULT_PACK_LENGTH),
-                   max_shapes=data_config.get("max_shapes", batching.DEFAULT_MAX_SHAPES))
+                   max_shapes=data_config.get("max_shapes", batching.DEFAULT_MAX_SHAPES),
+                   dedup_rows=data_config.get("dedup_rows", False))
 
     def for_splits(self, splits: protocol.ProtocolSplits) -> "Layout":
         """This layout with E fixed to the largest entity count of the protocol's three splits
@@ -159,7 +163,7 @@ def batch_stream(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int
         buckets=layout.buckets, max_sentences=layout.max_sentences,
         seq_len=layout.pack_length if layout.layout == "packed_tokens" else layout.seq_len,
         short_seq_len=layout.short_seq_len, num_entities=layout.num_entities,
-        max_shapes=layout.max_shapes)
+        max_shapes=layout.max_shapes, dedup_rows=layout.dedup_rows)
 
 
 def num_batches(num_pairs: int, batch_size: int) -> int:

@@ -35,7 +35,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from trip_jax.data.features import (DEFAULT_MAX_SENTENCES, LAYOUTS, Buckets, EncodedPair,
-                                    build_batch, pack_rows, pair_demand)
+                                    build_batch, pack_rows, pair_demand, pair_row_keys,
+                                    unique_rows)
 
 # packed_tokens: pack length P when none is given, and the default number of shape classes.
 DEFAULT_PACK_LENGTH = 64
@@ -102,7 +103,8 @@ def plan_batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                  max_sentences: int = DEFAULT_MAX_SENTENCES,
                  short_seq_len: int | None = None,
                  num_entities: int | None = None,
-                 max_shapes: int = DEFAULT_MAX_SHAPES) -> list[BatchPlan]:
+                 max_shapes: int = DEFAULT_MAX_SHAPES,
+                 dedup_rows: bool = False) -> list[BatchPlan]:
     """Returns this process's plan of every batch of one epoch (module docstring: the rule).
 
     ``num_entities`` fixes E for every batch (a story with more entities is an error).
@@ -116,7 +118,7 @@ def plan_batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
             encoded_pairs, batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
             drop_remainder=drop_remainder, process_index=process_index,
             process_count=process_count, pack_length=seq_len or DEFAULT_PACK_LENGTH,
-            num_entities=num_entities, max_shapes=max_shapes)
+            num_entities=num_entities, max_shapes=max_shapes, dedup_rows=dedup_rows)
     short_seq_len = _check_short_seq_len(short_seq_len, layout, seq_len)
     local = process_slice(batch_size, process_index, process_count)
     width = batch_size // process_count
@@ -174,12 +176,15 @@ def _batch_members(order: np.ndarray, batch_size: int, drop_remainder: bool) -> 
 class _Demands:
     """(sequences, rows, tracks) a packed_tokens batch slice needs, per pair set (memoised)."""
 
-    def __init__(self, encoded_pairs: Sequence[EncodedPair], pack_length: int):
+    def __init__(self, encoded_pairs: Sequence[EncodedPair], pack_length: int,
+                 dedup_rows: bool = False):
         self.pairs = encoded_pairs
         self.pack_length = pack_length
-        self.per_pair = np.asarray([pair_demand(p) for p in encoded_pairs],
+        self.dedup_rows = dedup_rows
+        self.per_pair = np.asarray([pair_demand(p, dedup_rows) for p in encoded_pairs],
                                    dtype=np.int64).reshape(-1, 3)
         self.row_lengths = [np.concatenate([s.lengths for s in p.stories]) for p in encoded_pairs]
+        self.row_keys = [pair_row_keys(p) for p in encoded_pairs] if dedup_rows else None
         self.cache: dict[tuple[int, ...], tuple[int, int, int]] = {}
 
     def of_slice(self, index: np.ndarray) -> tuple[int, int, int]:
@@ -190,6 +195,9 @@ class _Demands:
                 self.cache[members] = (0, 0, 0)
             else:
                 lengths = np.concatenate([self.row_lengths[i] for i in members])
+                if self.dedup_rows:  # rows shared by the pairs of the slice are packed once
+                    keys = [key for i in members for key in self.row_keys[i]]
+                    lengths = lengths[unique_rows(keys)[0]]
                 rows, _, tracks = self.per_pair[list(members)].sum(axis=0)
                 used = pack_rows(lengths, self.pack_length)[2]
                 self.cache[members] = (used, int(rows), int(tracks))
@@ -247,14 +255,14 @@ def shape_classes(demands: np.ndarray, max_classes: int, pack_length: int) -> np
         end = s
         if end == 0:
             break
-    classes = np.asarray(classes, np.int64)
+    classes = np.asarray(classes, np.int64).reshape(-1, 3)
     return classes[np.argsort(class_cost(classes, pack_length), kind="stable")]
 
 
 def _plan_packed_tokens(encoded_pairs: Sequence[EncodedPair], batch_size: int, *, shuffle: bool,
                         seed: int, epoch: int, drop_remainder: bool, process_index: int,
                         process_count: int, pack_length: int, num_entities: int | None,
-                        max_shapes: int) -> list[BatchPlan]:
+                        max_shapes: int, dedup_rows: bool) -> list[BatchPlan]:
     """``plan_batches`` for the packed_tokens layout (module docstring, rule 4)."""
     if max_shapes < 1:
         raise ValueError(f"max_shapes must be >= 1, got {max_shapes}")
@@ -265,7 +273,7 @@ def _plan_packed_tokens(encoded_pairs: Sequence[EncodedPair], batch_size: int, *
         raise ValueError(f"a story has {largest} entities but num_entities is {num_entities}; "
                          "pass the largest count of the data (features.max_entities)")
     E = num_entities or largest
-    demands = _Demands(encoded_pairs, pack_length)
+    demands = _Demands(encoded_pairs, pack_length, dedup_rows)
     # Every epoch has the same batches when they are single pairs or in a fixed order: the
     # first epoch shows them all. Otherwise the classes come from the first epochs, and one
     # class is kept for the largest batch possible.
@@ -303,7 +311,8 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
             max_sentences: int = DEFAULT_MAX_SENTENCES,
             short_seq_len: int | None = None,
             num_entities: int | None = None,
-            max_shapes: int = DEFAULT_MAX_SHAPES) -> Iterator[dict[str, np.ndarray]]:
+            max_shapes: int = DEFAULT_MAX_SHAPES,
+            dedup_rows: bool = False) -> Iterator[dict[str, np.ndarray]]:
     """Yields this process's Batch dicts for one epoch (module docstring: the exact rule).
 
     ``batch_size`` is the global batch in pairs; each dict holds batch_size / process_count
@@ -320,7 +329,7 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                          process_index=process_index, process_count=process_count,
                          buckets=buckets, seq_len=seq_len, max_sentences=max_sentences,
                          short_seq_len=short_seq_len, num_entities=num_entities,
-                         max_shapes=max_shapes)
+                         max_shapes=max_shapes, dedup_rows=dedup_rows)
     for plan in plans:
         pairs = [encoded_pairs[i] if i >= 0 else None for i in plan.pair_index]
         yield build_batch(pairs, plan.pair_index, layout=layout,
@@ -330,7 +339,8 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                           short_seq_len=plan.short_seq_len or None,
                           num_short_rows=plan.num_short_rows,
                           num_sequences=plan.num_sequences or None,
-                          num_tracks=plan.num_tracks or None)
+                          num_tracks=plan.num_tracks or None,
+                          dedup_rows=dedup_rows and layout == "packed_tokens")
 
 
 def layout_stats(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
@@ -338,15 +348,15 @@ def layout_stats(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                  max_sentences: int = DEFAULT_MAX_SENTENCES, shuffle: bool = False,
                  seed: int = 0, epoch: int = 0, short_seq_len: int | None = None,
                  num_entities: int | None = None, pack_length: int = DEFAULT_PACK_LENGTH,
-                 max_shapes: int = DEFAULT_MAX_SHAPES) -> dict:
+                 max_shapes: int = DEFAULT_MAX_SHAPES, dedup_rows: bool = False) -> dict:
     """Real rows and tokens against the encoder rows and tokens of every layout over one epoch
     (one process, no pair dropped), and the distinct compiled shapes.
 
     Keys: real_rows, real_tokens; per layout: {layout}_rows, {layout}_tokens,
     {layout}_real_fraction (rows), {layout}_token_fraction and {layout}_shapes (sorted distinct
     ``BatchPlan.shape_key`` values: one compilation each). ``short_seq_len`` applies to the
-    packed layout, ``pack_length`` (P) and ``max_shapes`` to packed_tokens, whose encoder
-    tokens are N x P per batch.
+    packed layout, ``pack_length`` (P), ``max_shapes`` and ``dedup_rows`` to packed_tokens,
+    whose encoder tokens are N x P per batch.
     """
     real = sum(p.num_rows for p in encoded_pairs)
     real_tokens = sum(int(s.lengths.sum()) for p in encoded_pairs for s in p.stories)
@@ -357,7 +367,7 @@ def layout_stats(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                              seq_len=pack_length if tokens_layout else seq_len,
                              max_sentences=max_sentences, shuffle=shuffle, seed=seed, epoch=epoch,
                              short_seq_len=short_seq_len if layout == "packed" else None,
-                             num_entities=num_entities, max_shapes=max_shapes)
+                             num_entities=num_entities, max_shapes=max_shapes, dedup_rows=dedup_rows)
         total = sum(p.num_rows + p.num_short_rows for p in plans)
         tokens = sum((p.num_sequences if tokens_layout else p.num_rows) * p.seq_len
                      + p.num_short_rows * p.short_seq_len for p in plans)

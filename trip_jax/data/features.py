@@ -290,7 +290,8 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
                 max_sentences: int = DEFAULT_MAX_SENTENCES,
                 num_rows: int | None = None, short_seq_len: int | None = None,
                 num_short_rows: int | None = None, num_sequences: int | None = None,
-                num_tracks: int | None = None) -> dict[str, np.ndarray]:
+                num_tracks: int | None = None, dedup_rows: bool = False
+                ) -> dict[str, np.ndarray]:
     """Lays ``pairs`` out as one Batch dict (see the Batch contract); None marks a padding pair.
 
     ``num_entities`` (E), ``seq_len`` (T) and, for the packed layout, ``num_rows`` (R; default:
@@ -300,7 +301,9 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
     ``num_short_rows`` rows (default: exactly those rows); ``num_rows`` then counts the others.
     packed_tokens: ``seq_len`` is the packed sequence length P, ``num_sequences`` (N),
     ``num_rows`` (R) and ``num_tracks`` (K) the padded counts (default: exactly what the rows
-    need); a row longer than P is an error.
+    need); a row longer than P is an error. ``dedup_rows``: rows with the same tokens (the
+    sentences the two stories of a pair share, stories recurring across pairs) are packed once
+    and their rows share that encoding (``row_start``).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
@@ -347,7 +350,8 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
 
     batch = {}
     if layout == "packed_tokens":
-        batch.update(_packed_token_arrays(rows, T, pad_id, num_sequences, num_rows, slots))
+        batch.update(_packed_token_arrays(rows, T, pad_id, num_sequences, num_rows, slots,
+                                          dedup_rows))
         batch["track_index"] = track_index(row_mask, num_tracks)
     elif layout == "dense":
         batch.update(_row_arrays(rows, np.arange(rows.lengths.size), rows.positions,
@@ -408,11 +412,33 @@ def pack_rows(lengths: np.ndarray, pack_length: int) -> tuple[np.ndarray, np.nda
     return sequence, offset, opened
 
 
+def row_keys(lengths: np.ndarray, tokens: np.ndarray, type_ids: np.ndarray) -> list[bytes]:
+    """One key per row (its token ids and type ids): equal keys, equal encoder inputs."""
+    ends = np.cumsum(lengths)
+    return [tokens[end - n:end].tobytes() + type_ids[end - n:end].tobytes()
+            for n, end in zip(lengths, ends)]
+
+
+def unique_rows(keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the first row of each distinct key, distinct-row number of every row)."""
+    numbers: dict[bytes, int] = {}
+    inverse = np.asarray([numbers.setdefault(k, len(numbers)) for k in keys], dtype=np.int64)
+    # Numbers are given in order of first appearance, so np.unique's first indices line up.
+    return np.unique(inverse, return_index=True)[1].astype(np.int64), inverse
+
+
 def _packed_token_arrays(rows: "_Rows", pack_length: int, pad_id: int, num_sequences: int | None,
-                         num_rows: int | None, slots: int) -> dict[str, np.ndarray]:
-    """Encoder arrays of the packed_tokens layout (module docstring) for the real ``rows``."""
+                         num_rows: int | None, slots: int, dedup_rows: bool
+                         ) -> dict[str, np.ndarray]:
+    """Encoder arrays of the packed_tokens layout (module docstring) for the real ``rows``;
+    with ``dedup_rows`` rows of equal tokens are packed once and share one ``row_start``."""
     n = rows.lengths.size
-    sequence, offset, used = pack_rows(rows.lengths, pack_length)
+    if dedup_rows:
+        first, inverse = unique_rows(row_keys(rows.lengths, rows.tokens, rows.type_ids))
+    else:
+        first, inverse = np.arange(n), np.arange(n)
+    lengths = rows.lengths[first]
+    sequence, offset, used = pack_rows(lengths, pack_length)
     N = used if num_sequences is None else num_sequences
     R = n if num_rows is None else num_rows
     if used > N or n > R:
@@ -421,20 +447,22 @@ def _packed_token_arrays(rows: "_Rows", pack_length: int, pad_id: int, num_seque
     input_ids = np.full(N * pack_length, pad_id, dtype=np.int32)
     token_type_ids = np.zeros(N * pack_length, dtype=np.int32)
     segment_ids = np.zeros(N * pack_length, dtype=np.int32)
+    starts = (sequence * pack_length + offset).astype(np.int32)  # of the packed rows
     row_start = np.zeros(R, dtype=np.int32)
-    row_start[:n] = sequence * pack_length + offset
-    if n:
+    row_start[:n] = starts[inverse]
+    if first.size:
         # Segment k of a sequence is the k-th row placed in it (rows are placed left to right).
+        u = first.size
         order = np.lexsort((offset, sequence))
-        segment = np.empty(n, np.int32)
+        segment = np.empty(u, np.int32)
         firsts = np.r_[True, sequence[order][1:] != sequence[order][:-1]]
-        counter = np.arange(n) - np.maximum.accumulate(np.where(firsts, np.arange(n), 0))
+        counter = np.arange(u) - np.maximum.accumulate(np.where(firsts, np.arange(u), 0))
         segment[order] = counter + 1
-        lengths = rows.lengths
         within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        target = np.repeat(row_start[:n], lengths) + within
-        input_ids[target] = rows.tokens
-        token_type_ids[target] = rows.type_ids
+        source = np.repeat((np.cumsum(rows.lengths) - rows.lengths)[first], lengths) + within
+        target = np.repeat(starts, lengths) + within
+        input_ids[target] = rows.tokens[source]
+        token_type_ids[target] = rows.type_ids[source]
         segment_ids[target] = np.repeat(segment, lengths)
     row_index = np.full(R, slots, dtype=np.int32)
     row_index[:n] = rows.positions
@@ -446,11 +474,25 @@ def _packed_token_arrays(rows: "_Rows", pack_length: int, pad_id: int, num_seque
             "row_start": row_start, "row_index": row_index}
 
 
-def pair_demand(pair: EncodedPair) -> tuple[int, int, int]:
-    """(real rows, real tokens, real tracks) of one pair: what it adds to a packed_tokens batch."""
+def pair_demand(pair: EncodedPair, dedup_rows: bool = False) -> tuple[int, int, int]:
+    """(real rows, real tokens, real tracks) of one pair: what it adds to a packed_tokens batch
+    (``dedup_rows``: tokens of its distinct rows only)."""
     tracks = sum(s.num_entities for s in pair.stories if s.num_sentences)
-    tokens = sum(int(s.lengths.sum()) for s in pair.stories)
-    return pair.num_rows, tokens, tracks
+    lengths = pair_row_lengths(pair, dedup_rows)
+    return pair.num_rows, int(lengths.sum()), tracks
+
+
+def pair_row_keys(pair: EncodedPair) -> list[bytes]:
+    """``row_keys`` of every row of both stories of ``pair``, in row order."""
+    return [key for s in pair.stories for key in row_keys(s.lengths, s.tokens, s.type_ids)]
+
+
+def pair_row_lengths(pair: EncodedPair, dedup_rows: bool = False) -> np.ndarray:
+    """Token lengths of the rows of ``pair`` (``dedup_rows``: of its distinct rows)."""
+    lengths = np.concatenate([s.lengths for s in pair.stories])
+    if dedup_rows:
+        lengths = lengths[unique_rows(pair_row_keys(pair))[0]]
+    return lengths
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,131 @@
+"""Where a train step's time goes: the step taken apart into separately jitted pieces.
+
+For one model, layout and batch (the representative pairs ``benchmarks.train_speed`` times),
+this times, each as its own jitted program on the same batch and parameters (medians of
+``--iters`` runs after a compile and a first run):
+
+- ``train_step``: the real step of ``trip_jax.train`` (forward, backward, AdamW, norms);
+- ``loss_and_grad``: forward and backward with dropout, no optimizer;
+- ``encoder_grad``: the encoder alone, forward and backward (a loss on the rows' vectors);
+- ``encoder_forward``: the encoder alone, forward with dropout;
+- ``optimizer``: the optimizer update and ``apply_updates`` on gradients of the same shapes;
+- ``eval_step``: the evaluator's step (deterministic forward, losses);
+
+and derives ``heads_detector_loss_grad`` = loss_and_grad - encoder_grad (state heads,
+projections, detector and losses, forward and backward) and ``rest`` = train_step -
+loss_and_grad - optimizer (norms and the step's bookkeeping). The shares say which part a
+faster step must shrink.
+
+    python -m benchmarks.step_profile --model minilm --layout packed_tokens --batch-size 1 \\
+        --out /tmp/profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from benchmarks import harness
+from trip_jax import losses, runtime
+
+
+def _median_seconds(fn, args: tuple, iters: int) -> float:
+    """Compiles and runs ``fn(*args)`` once, then returns the median of ``iters`` timed runs."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
+                 prng_impl: str | None = None) -> dict:
+    """Times the pieces of one train step (module docstring); returns seconds and shares."""
+    if prng_impl:
+        runtime.set_prng_impl(prng_impl)
+    h = harness.Harness.build(model, overrides=harness.LAYOUTS[layout].overrides)
+    spec = harness.LAYOUTS[layout]
+    local = spec.batch(h, harness.representative_pairs(h.encoded, batch_size))
+    batch = h.to_device(local)
+    tiered = h.trainer.model
+    loss_config = losses.LossConfig.from_mapping(h.config.loss)
+    params = h.state.params
+    rng = jax.random.key(1)
+
+    def loss(p, b, key):
+        out = tiered.apply({"params": p}, b, deterministic=False, rngs={"dropout": key})
+        return losses.tiered_loss(out, b, loss_config)[0]
+
+    def encoder_loss(encoder_params, b, key):
+        rows, _ = tiered.apply({"params": {**params, "encoder": encoder_params}}, b, False,
+                               rngs={"dropout": key}, method=type(tiered).row_embeddings)
+        return jnp.sum(rows * rows)
+
+    def encoder_forward(b, key):
+        return tiered.apply({"params": params}, b, False, rngs={"dropout": key},
+                            method=type(tiered).row_embeddings)[0]
+
+    grads = jax.jit(jax.grad(loss))(params, batch, rng)
+    opt_state = h.state.opt_state
+
+    def optimizer(g, state, p):
+        updates, state = h.trainer.tx.update(g, state, p)
+        return optax.apply_updates(p, updates), state
+
+    seconds = {
+        "eval_step": _median_seconds(h.eval_step, (params, batch), iters),
+        "encoder_forward": _median_seconds(jax.jit(encoder_forward), (batch, rng), iters),
+        "encoder_grad": _median_seconds(jax.jit(jax.grad(encoder_loss)),
+                                        (params["encoder"], batch, rng), iters),
+        "loss_and_grad": _median_seconds(jax.jit(jax.value_and_grad(loss)),
+                                         (params, batch, rng), iters),
+        "optimizer": _median_seconds(jax.jit(optimizer), (grads, opt_state, params), iters),
+    }
+    state = h.state
+
+    def train(b):
+        nonlocal state
+        state, metrics = h.train_step(state, b)
+        return metrics
+
+    seconds["train_step"] = _median_seconds(train, (batch,), iters)
+    seconds["heads_detector_loss_grad"] = seconds["loss_and_grad"] - seconds["encoder_grad"]
+    seconds["rest"] = seconds["train_step"] - seconds["loss_and_grad"] - seconds["optimizer"]
+    shares = {k: seconds[k] / seconds["train_step"]
+              for k in ("encoder_grad", "heads_detector_loss_grad", "optimizer", "rest")}
+    sizes = {k: list(v.shape) for k, v in local.items()}
+    parameters = {name: int(sum(x.size for x in jax.tree_util.tree_leaves(tree)))
+                  for name, tree in params.items()}
+    return {"model": model, "layout": layout, "batch_size": batch_size, "iters": iters,
+            "prng_impl": str(jax.config.jax_default_prng_impl), "batch_shapes": sizes,
+            "parameters": parameters, "seconds": seconds, "share_of_train_step": shares}
+
+
+def main(argv=None) -> None:
+    """Parses flags, profiles, writes JSON (and prints it)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--layout", default="packed_tokens", choices=sorted(harness.LAYOUTS))
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--prng-impl", default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = profile_step(args.model, args.layout, args.batch_size, iters=args.iters,
+                          prng_impl=args.prng_impl)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    json.dump(result["seconds"], sys.stdout, indent=1)
+
+
+if __name__ == "__main__":
+    main()
