@@ -57,7 +57,7 @@ def check_case(case: dict, layout: str, modes: tuple[str, ...]) -> None:
     if "train" in modes and "eval" in modes:
         assert case["train"]["model_flops"] == pytest.approx(3 * case["eval"]["model_flops"])
     summary = case["epoch_layout"]
-    for name in ("packed", "dense", "reference_dense"):
+    for name in ("packed_tokens", "packed", "dense", "reference_dense"):
         assert 0 < summary[name]["real_row_fraction"] <= 1
         assert summary[name]["distinct_shapes"] >= 1
 
@@ -86,21 +86,21 @@ def test_cpu_smoke_results(tmp_path):
     assert results["matmul_peak"]["best_flops_per_s"]["float32"] > 0
     assert len(results["load_average"]["start"]) == 3
     cases = {c["layout"]: c for c in results["cases"]}
-    packed, reference = cases["packed"], cases["reference_dense"]
+    packed, reference = cases["packed_tokens"], cases["reference_dense"]
     torch_padded, torch_rows = cases["torch_padded"], cases["torch_rows"]
-    check_case(packed, "packed", ("eval", "train"))
+    check_case(packed, "packed_tokens", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["batch"]["pairs"] == 2 and reference["batch"]["pairs"] == 1
     # The reference pads to the data's largest story: more encoder rows than real ones.
     assert reference["batch"]["encoder_rows"] > reference["batch"]["real_rows"]
     ratios = {(r["layout"], r["mode"]): r for r in results["ratios"]}
-    ratio = ratios[("packed", "eval")]
+    ratio = ratios[("packed_tokens", "eval")]
     assert ratio["ratio"] == pytest.approx(
         ratio["packed_pairs_per_s"] / ratio["reference_pairs_per_s"])
 
     # The PyTorch reference on the pair of the reference-layout case: padded, every cell of
-    # the data-maximum grid a row of 16 tokens; rows, the real rows at the packed batch's T
-    # plus the one padding row.
+    # the data-maximum grid a row of 16 tokens; rows, the real rows (at the packed layout's
+    # bucketed T) plus the one padding row.
     check_torch_case(torch_padded, "torch_padded")
     check_torch_case(torch_rows, "torch_rows")
     real_rows = reference["batch"]["real_rows"]
@@ -108,14 +108,13 @@ def test_cpu_smoke_results(tmp_path):
     assert torch_padded["batch"]["seq_len"] == 16
     assert torch_padded["batch"]["grid_shape"] == reference["batch"]["grid_shape"]
     assert torch_padded["batch"]["encoder_rows"] == reference["batch"]["grid_slots"]
-    assert torch_rows["batch"]["seq_len"] == packed["batch"]["seq_len"]
     assert torch_rows["batch"]["encoder_rows"] == real_rows + 1
     # Every timed trip-jax mode over both torch layouts' pairs/s, same model and mode.
     torch_ratios = {(r["layout"], r["batch_size"], r["mode"]): r for r in results["torch_ratios"]}
     assert set(torch_ratios) == {(c["layout"], c["batch_size"], mode) for c in cases.values()
                                  if c["layout"] not in run.TORCH_LAYOUTS
                                  for mode in ("eval", "train") if mode in c}
-    assert {("packed", 2, "train"), ("reference_dense", 1, "eval")} <= set(torch_ratios)
+    assert {("packed_tokens", 2, "train"), ("reference_dense", 1, "eval")} <= set(torch_ratios)
     for (layout, _, mode), r in torch_ratios.items():
         jax_case = cases[layout]
         for torch_case in (torch_padded, torch_rows):
@@ -132,7 +131,7 @@ def test_cpu_smoke_results(tmp_path):
     assert [p["new_shapes"] for p in curve["points"]] == [0, 0]
     assert curve["first_epoch_s"] > curve["points"][0]["epoch_s"]
     assert set(curve["fit"]) == {"s_per_pair", "fixed_s"}
-    assert "| tiny | packed | 2 | train |" in results["markdown"]
+    assert "| tiny | packed_tokens | 2 | train |" in results["markdown"]
     assert "| tiny | torch_rows | 1 | train |" in results["markdown"]
     assert "| x torch padded | x torch rows |" in results["markdown"]
     eval_ratio = torch_ratios[("reference_dense", 1, "eval")]
@@ -145,9 +144,9 @@ def test_device_grid_runs_on_cpu(tmp_path):
     assert results["grid"] == "device_smoke"
     assert set(results["matmul_peak"]["best_flops_per_s"]) == {"bfloat16", "float32"}
     cases = {c["layout"]: c for c in results["cases"]}
-    packed, reference = cases["packed"], cases["reference_dense"]
+    packed, reference = cases["packed_tokens"], cases["reference_dense"]
     assert not set(cases) & set(run.TORCH_LAYOUTS)  # the eager reference is timed on CPU grids
-    check_case(packed, "packed", ("eval", "train"))
+    check_case(packed, "packed_tokens", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["dtype"] == "bfloat16" and packed["encoder"]["model_type"] == "roberta"
     assert results["epoch_curves"] == []
@@ -188,7 +187,7 @@ def test_targets_say_met_or_by_how_much_missed():
 
 def test_device_grid_is_roberta_large_bf16_at_large_batches():
     grid = run.select_grid(device=True, smoke=False)
-    packed = {(c.batch_size, bool(c.remat)) for c in grid.cases if c.layout == "packed"}
+    packed = {(c.batch_size, bool(c.remat)) for c in grid.cases if c.layout == "packed_tokens"}
     assert packed == {(8, False), (32, False), (32, True), (64, True)}
     assert any(c.layout == "reference_dense" for c in grid.cases)
     assert {c.model for c in grid.cases} == {"large"}
@@ -203,7 +202,9 @@ def test_layout_table_sets_config_keys_and_batch_sizes():
     for key, value in {"data.layout": "dense", "model.tiered.detector_layers": 3}.items():
         harness.set_config_value(config, key, value)
     assert config.data.layout == "dense" and config.model.tiered.detector_layers == 3
-    assert harness.LAYOUTS["packed"].overrides == {"data.layout": "packed"}
+    assert harness.LAYOUTS["packed"].overrides == {"data.layout": "packed",
+                                                   "model.tiered.cells": "grid"}
+    assert harness.LAYOUTS["packed_tokens"].overrides["data.layout"] == "packed_tokens"
     assert [n for n, spec in harness.LAYOUTS.items() if spec.baseline] == [run.REFERENCE_LAYOUT]
     assert not set(harness.LAYOUTS) & set(run.TORCH_LAYOUTS)
     with pytest.raises(ValueError, match="one pair a batch"):

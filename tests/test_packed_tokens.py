@@ -154,3 +154,30 @@ def test_layout_refuses_row_lengths_with_packed_tokens():
         Layout(layout="packed_tokens", seq_len=32)
     with pytest.raises(ValueError, match="unknown data.layout"):
         Layout(layout="packed_token")
+
+
+def test_a_batch_in_shards_packs_each_piece_on_its_own(encoded):
+    plan = batching.plan_batches(encoded, 4, layout="packed_tokens", seq_len=P,
+                                 shards_per_process=2, dedup_rows=True)[0]
+    pairs = [encoded[i] for i in plan.pair_index]
+    common = dict(layout="packed_tokens", num_entities=plan.num_entities, seq_len=P, pad_id=0,
+                  dedup_rows=True)
+    whole = features.build_batch(pairs, plan.pair_index, num_rows=plan.num_rows,
+                                 num_sequences=plan.num_sequences, num_tracks=plan.num_tracks,
+                                 shards=2, **common)
+    batch_contract.check_batch(whole, layout="packed_tokens")
+    halves = [features.build_batch(pairs[2 * i:2 * i + 2], plan.pair_index[2 * i:2 * i + 2],
+                                   num_rows=plan.num_rows // 2,
+                                   num_sequences=plan.num_sequences // 2,
+                                   num_tracks=plan.num_tracks // 2, **common) for i in range(2)]
+    N, R = plan.num_sequences // 2, plan.num_rows // 2
+    np.testing.assert_array_equal(whole["input_ids"][N:], halves[1]["input_ids"])
+    # The second piece's rows read its own sequences and sit on its own pairs' cells.
+    real = halves[1]["row_index"] < halves[1]["row_mask"].size
+    np.testing.assert_array_equal(whole["row_start"][R:][real],
+                                  halves[1]["row_start"][real] + N * P)
+    np.testing.assert_array_equal(whole["row_index"][R:][real],
+                                  halves[1]["row_index"][real] + halves[0]["row_mask"].size)
+    with pytest.raises(ValueError, match="does not split over 3 devices"):
+        batching.plan_batches(encoded, 4, layout="packed_tokens", seq_len=P,
+                              shards_per_process=3)

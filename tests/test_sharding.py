@@ -87,9 +87,11 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     model = builders.build_model(config, hf_config)
     tx, schedule = train.make_optimizer(config.train, STEPS)
     loss_config = losses.LossConfig.from_mapping(config.loss)
+    # Built in 8 pieces (the most devices a mesh below has), so no mesh pads them.
     batches = itertools.chain.from_iterable(
         input_pipeline.batch_stream(data.train, data.layout, 8, shuffle=True,
-                                    seed=config.train.seed, epoch=e) for e in range(STEPS))
+                                    seed=config.train.seed, epoch=e, shards=8)
+        for e in range(STEPS))
     local_batches = list(itertools.islice(batches, STEPS))
 
     runs, specs, meshes = {}, {}, {}
@@ -113,7 +115,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
         meshes[name] = (mesh, state)
 
     # The short-row group (data.short_seq_len) split over 8 devices predicts like one group.
-    short_layout = dataclasses.replace(data.layout, short_seq_len=8)
+    short_layout = dataclasses.replace(data.layout, layout="packed", short_seq_len=8)
     short_local = next(iter(input_pipeline.batch_stream(data.train, short_layout, 8,
                                                         shuffle=True, seed=config.train.seed,
                                                         epoch=0)))

@@ -195,11 +195,11 @@ def test_loss_preset_argument_and_overrides():
         tiny.get_config("no_such_preset")
 
 
-def test_short_row_group_scores_a_checkpoint_like_one_group(tiny_config, full_run):
+def test_short_row_group_scores_a_checkpoint_like_packed_tokens(tiny_config, full_run):
     workdir, _ = full_run
     config = tiny_config()
     one = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
-    config.data.short_seq_len = 12
+    config.data.layout, config.data.short_seq_len = "packed", 12
     two = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
     for key in ("accuracy", "consistency", "verifiability"):
         assert one[key] == two[key], key
@@ -209,7 +209,7 @@ def test_short_row_group_scores_a_checkpoint_like_one_group(tiny_config, full_ru
 def test_speed_options_train(tiny_config, tmp_path):
     config = tiny_config()
     config.train.num_epochs = 1
-    config.data.short_seq_len = 12
+    config.data.layout, config.data.seq_len, config.data.short_seq_len = "packed", 32, 12
     config.train.prng_impl = "rbg"
     data = input_pipeline.prepare_data(config)
     batch = next(input_pipeline.batch_stream(data.train, data.layout, 2, shuffle=True,

@@ -183,7 +183,8 @@ class Evaluator:
                    config.train.eval_batch_size, restored.mesh, **kwargs)
 
     def _batches(self) -> Iterator[dict[str, np.ndarray]]:
-        stream = input_pipeline.batch_stream(self.encoded, self.layout, self.batch_size)
+        stream = input_pipeline.batch_stream(self.encoded, self.layout, self.batch_size,
+                                             shards=sharding.local_batch_shards(self.mesh))
         return tqdm.tqdm(stream, total=input_pipeline.num_batches(len(self.encoded),
                                                                   self.batch_size),
                          unit="batch", desc=self.desc, dynamic_ncols=True,

@@ -153,17 +153,20 @@ def prepare_data(config) -> RunData:
 
 
 def batch_stream(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int, *,
-                 shuffle: bool = False, seed: int = 0, epoch: int = 0
+                 shuffle: bool = False, seed: int = 0, epoch: int = 0, shards: int = 1
                  ) -> Iterator[dict[str, np.ndarray]]:
     """This process's batches of one epoch (global ``batch_size`` pairs each), in the order fixed
-    by (seed, epoch); the last batch is padded with empty pairs."""
+    by (seed, epoch); the last batch is padded with empty pairs. ``shards``: the batch pieces
+    this process's devices hold (``sharding.local_batch_shards(mesh)``); packed_tokens builds
+    each piece on its own, so a device's rows sit in its own sequences and a batch is the same
+    however the devices are spread over processes."""
     return batching.batches(
         encoded, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, layout=layout.layout,
         process_index=jax.process_index(), process_count=jax.process_count(),
         buckets=layout.buckets, max_sentences=layout.max_sentences,
         seq_len=layout.pack_length if layout.layout == "packed_tokens" else layout.seq_len,
         short_seq_len=layout.short_seq_len, num_entities=layout.num_entities,
-        max_shapes=layout.max_shapes, dedup_rows=layout.dedup_rows)
+        max_shapes=layout.max_shapes, dedup_rows=layout.dedup_rows, shards_per_process=shards)
 
 
 def num_batches(num_pairs: int, batch_size: int) -> int:

@@ -53,6 +53,11 @@ def num_batch_shards(mesh: Mesh) -> int:
     return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
 
 
+def local_batch_shards(mesh: Mesh) -> int:
+    """Number of pieces of the batch's leading dimension that this process's devices hold."""
+    return num_batch_shards(mesh) // jax.process_count()
+
+
 def param_spec(shape: tuple[int, ...], fsdp_size: int, min_size: int) -> P:
     """Partition spec of one parameter (or optimizer-state) array: see the module docstring."""
     if fsdp_size == 1 or int(np.prod(shape, dtype=np.int64)) < min_size:

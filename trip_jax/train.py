@@ -455,7 +455,8 @@ class TrainLoop:
             for epoch in range(first_epoch, train_config.num_epochs):
                 stream = input_pipeline.batch_stream(
                     setup.data.train, setup.data.layout, train_config.batch_size,
-                    shuffle=train_config.shuffle, seed=train_config.seed, epoch=epoch)
+                    shuffle=train_config.shuffle, seed=train_config.seed, epoch=epoch,
+                    shards=sharding.local_batch_shards(setup.trainer.mesh))
                 for index, local in enumerate(stream):
                     if index < skip:
                         continue

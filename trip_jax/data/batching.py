@@ -62,6 +62,7 @@ class BatchPlan:
     short_seq_len: int = 0   # T of the short group; 0: one group
     num_sequences: int = 0   # packed_tokens: N sequences of seq_len (= P) tokens
     num_tracks: int = 0      # packed_tokens: K (story, entity) tracks
+    shards: int = 1          # packed_tokens: equal pieces the batch is built in (per device)
 
     @property
     def shape_key(self) -> tuple[int, ...]:
@@ -104,7 +105,7 @@ def plan_batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                  short_seq_len: int | None = None,
                  num_entities: int | None = None,
                  max_shapes: int = DEFAULT_MAX_SHAPES,
-                 dedup_rows: bool = False) -> list[BatchPlan]:
+                 dedup_rows: bool = False, shards_per_process: int = 1) -> list[BatchPlan]:
     """Returns this process's plan of every batch of one epoch (module docstring: the rule).
 
     ``num_entities`` fixes E for every batch (a story with more entities is an error).
@@ -118,7 +119,8 @@ def plan_batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
             encoded_pairs, batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
             drop_remainder=drop_remainder, process_index=process_index,
             process_count=process_count, pack_length=seq_len or DEFAULT_PACK_LENGTH,
-            num_entities=num_entities, max_shapes=max_shapes, dedup_rows=dedup_rows)
+            num_entities=num_entities, max_shapes=max_shapes, dedup_rows=dedup_rows,
+            shards_per_process=shards_per_process)
     short_seq_len = _check_short_seq_len(short_seq_len, layout, seq_len)
     local = process_slice(batch_size, process_index, process_count)
     width = batch_size // process_count
@@ -203,9 +205,9 @@ class _Demands:
                 self.cache[members] = (used, int(rows), int(tracks))
         return self.cache[members]
 
-    def of_batch(self, index: np.ndarray, process_count: int) -> np.ndarray:
-        """Componentwise largest demand of the process slices of one global batch."""
-        slices = index.reshape(process_count, -1)
+    def of_batch(self, index: np.ndarray, shards: int) -> np.ndarray:
+        """Componentwise largest demand of the ``shards`` slices of one global batch."""
+        slices = index.reshape(shards, -1)
         return np.max([self.of_slice(s) for s in slices], axis=0)
 
     def worst(self, width: int) -> np.ndarray:
@@ -262,12 +264,19 @@ def shape_classes(demands: np.ndarray, max_classes: int, pack_length: int) -> np
 def _plan_packed_tokens(encoded_pairs: Sequence[EncodedPair], batch_size: int, *, shuffle: bool,
                         seed: int, epoch: int, drop_remainder: bool, process_index: int,
                         process_count: int, pack_length: int, num_entities: int | None,
-                        max_shapes: int, dedup_rows: bool) -> list[BatchPlan]:
-    """``plan_batches`` for the packed_tokens layout (module docstring, rule 4)."""
+                        max_shapes: int, dedup_rows: bool, shards_per_process: int
+                        ) -> list[BatchPlan]:
+    """``plan_batches`` for the packed_tokens layout (module docstring, rule 4): every batch
+    is built in ``shards_per_process`` pieces per process (one per device of the batch axis),
+    and the shape classes size one piece."""
     if max_shapes < 1:
         raise ValueError(f"max_shapes must be >= 1, got {max_shapes}")
     local = process_slice(batch_size, process_index, process_count)
-    width = batch_size // process_count
+    shards = process_count * shards_per_process
+    if batch_size % shards:
+        raise ValueError(f"batch_size {batch_size} does not split over {shards} devices; use a "
+                         f"multiple of {shards}")
+    width = batch_size // shards
     largest = max((p.num_entities for p in encoded_pairs), default=1)
     if num_entities is not None and largest > num_entities:
         raise ValueError(f"a story has {largest} entities but num_entities is {num_entities}; "
@@ -282,7 +291,7 @@ def _plan_packed_tokens(encoded_pairs: Sequence[EncodedPair], batch_size: int, *
              for index in _batch_members(epoch_order(len(encoded_pairs), shuffle=shuffle,
                                                      seed=seed, epoch=e),
                                          batch_size, drop_remainder)]
-    seen = np.asarray([demands.of_batch(i, process_count) for i in probe]).reshape(-1, 3)
+    seen = np.asarray([demands.of_batch(i, shards) for i in probe]).reshape(-1, 3)
     if exhaustive:
         classes = shape_classes(seen, max_shapes, pack_length)
     else:
@@ -292,14 +301,14 @@ def _plan_packed_tokens(encoded_pairs: Sequence[EncodedPair], batch_size: int, *
     order = epoch_order(len(encoded_pairs), shuffle=shuffle, seed=seed, epoch=epoch)
     plans = []
     for index in _batch_members(order, batch_size, drop_remainder):
-        need = demands.of_batch(index, process_count)
+        need = demands.of_batch(index, shards)
         fits = np.flatnonzero((classes >= need).all(axis=1))
         if not fits.size:  # a batch unlike any probed one, beyond the largest class
             raise ValueError(f"a batch needs (sequences, rows, tracks) = {tuple(need)}, more "
                              f"than every shape class {classes.tolist()}")
-        N, R, K = (int(v) for v in classes[fits[0]])
+        N, R, K = (int(v) * shards_per_process for v in classes[fits[0]])
         plans.append(BatchPlan(index[local].astype(np.int32), E, pack_length, R,
-                               num_sequences=N, num_tracks=K))
+                               num_sequences=N, num_tracks=K, shards=shards_per_process))
     return plans
 
 
@@ -312,7 +321,8 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
             short_seq_len: int | None = None,
             num_entities: int | None = None,
             max_shapes: int = DEFAULT_MAX_SHAPES,
-            dedup_rows: bool = False) -> Iterator[dict[str, np.ndarray]]:
+            dedup_rows: bool = False,
+            shards_per_process: int = 1) -> Iterator[dict[str, np.ndarray]]:
     """Yields this process's Batch dicts for one epoch (module docstring: the exact rule).
 
     ``batch_size`` is the global batch in pairs; each dict holds batch_size / process_count
@@ -329,7 +339,8 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                          process_index=process_index, process_count=process_count,
                          buckets=buckets, seq_len=seq_len, max_sentences=max_sentences,
                          short_seq_len=short_seq_len, num_entities=num_entities,
-                         max_shapes=max_shapes, dedup_rows=dedup_rows)
+                         max_shapes=max_shapes, dedup_rows=dedup_rows,
+                         shards_per_process=shards_per_process)
     for plan in plans:
         pairs = [encoded_pairs[i] if i >= 0 else None for i in plan.pair_index]
         yield build_batch(pairs, plan.pair_index, layout=layout,
@@ -340,7 +351,8 @@ def batches(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                           num_short_rows=plan.num_short_rows,
                           num_sequences=plan.num_sequences or None,
                           num_tracks=plan.num_tracks or None,
-                          dedup_rows=dedup_rows and layout == "packed_tokens")
+                          dedup_rows=dedup_rows and layout == "packed_tokens",
+                          shards=plan.shards)
 
 
 def layout_stats(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
@@ -367,7 +379,8 @@ def layout_stats(encoded_pairs: Sequence[EncodedPair], batch_size: int, *,
                              seq_len=pack_length if tokens_layout else seq_len,
                              max_sentences=max_sentences, shuffle=shuffle, seed=seed, epoch=epoch,
                              short_seq_len=short_seq_len if layout == "packed" else None,
-                             num_entities=num_entities, max_shapes=max_shapes, dedup_rows=dedup_rows)
+                             num_entities=num_entities, max_shapes=max_shapes,
+                             dedup_rows=dedup_rows)
         total = sum(p.num_rows + p.num_short_rows for p in plans)
         tokens = sum((p.num_sequences if tokens_layout else p.num_rows) * p.seq_len
                      + p.num_short_rows * p.short_seq_len for p in plans)

@@ -290,8 +290,8 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
                 max_sentences: int = DEFAULT_MAX_SENTENCES,
                 num_rows: int | None = None, short_seq_len: int | None = None,
                 num_short_rows: int | None = None, num_sequences: int | None = None,
-                num_tracks: int | None = None, dedup_rows: bool = False
-                ) -> dict[str, np.ndarray]:
+                num_tracks: int | None = None, dedup_rows: bool = False,
+                shards: int = 1) -> dict[str, np.ndarray]:
     """Lays ``pairs`` out as one Batch dict (see the Batch contract); None marks a padding pair.
 
     ``num_entities`` (E), ``seq_len`` (T) and, for the packed layout, ``num_rows`` (R; default:
@@ -303,8 +303,18 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
     ``num_rows`` (R) and ``num_tracks`` (K) the padded counts (default: exactly what the rows
     need); a row longer than P is an error. ``dedup_rows``: rows with the same tokens (the
     sentences the two stories of a pair share, stories recurring across pairs) are packed once
-    and their rows share that encoding (``row_start``).
+    and their rows share that encoding (``row_start``). ``shards`` (packed_tokens): the batch is
+    built as that many equal pieces of B / shards pairs, one per device of the batch axis, each
+    packing only its own pairs' rows into its own N / shards sequences (and R / shards rows,
+    K / shards tracks), so the arrays do not depend on how the devices are spread over processes
+    and no device reads another's sequences.
     """
+    if layout == "packed_tokens" and shards > 1:
+        return _sharded_packed_tokens(pairs, pair_index, shards, num_entities=num_entities,
+                                      seq_len=seq_len, pad_id=pad_id,
+                                      max_sentences=max_sentences, num_rows=num_rows,
+                                      num_sequences=num_sequences, num_tracks=num_tracks,
+                                      dedup_rows=dedup_rows)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     if len(pair_index) != len(pairs):
@@ -410,6 +420,44 @@ def pack_rows(lengths: np.ndarray, pack_length: int) -> tuple[np.ndarray, np.nda
         offset[row] = pack_length - free[target]
         free[target] -= lengths[row]
     return sequence, offset, opened
+
+
+def _sharded_packed_tokens(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int],
+                           shards: int, *, num_rows: int | None, num_sequences: int | None,
+                           num_tracks: int | None, **common) -> dict[str, np.ndarray]:
+    """``build_batch`` of packed_tokens in ``shards`` pieces (see there), concatenated."""
+    B = len(pairs)
+    if num_rows is None or num_sequences is None or num_tracks is None:
+        raise ValueError("a packed_tokens batch in shards needs num_rows, num_sequences and "
+                         "num_tracks (every shard the same size)")
+    sizes = {"pairs": B, "num_rows": num_rows, "num_sequences": num_sequences,
+             "num_tracks": num_tracks}
+    for name, size in sizes.items():
+        if size % shards:
+            raise ValueError(f"{name}={size} does not split into {shards} shards")
+    per = B // shards
+    pieces = [build_batch(pairs[i * per:(i + 1) * per], pair_index[i * per:(i + 1) * per],
+                          layout="packed_tokens",
+                          num_rows=num_rows // shards, num_sequences=num_sequences // shards,
+                          num_tracks=num_tracks // shards, **common)
+              for i in range(shards)]
+    cells, tracks = pieces[0]["row_mask"].size, pieces[0]["row_mask"].size // common[
+        "max_sentences"]
+    starts = pieces[0]["input_ids"].size
+    batch = {key: np.concatenate([piece[key] for piece in pieces])
+             for key in pieces[0] if key not in ("row_start", "row_index", "track_index")}
+    # Indices of each piece move by the pieces before it; padding entries point past the end.
+    for key, step, end in (("row_start", starts, None), ("row_index", cells, shards * cells),
+                           ("track_index", tracks, shards * tracks)):
+        moved = []
+        for i, piece in enumerate(pieces):
+            value = piece[key].astype(np.int64)
+            if end is None:
+                moved.append(value + i * step)
+            else:
+                moved.append(np.where(value < step, value + i * step, end))
+        batch[key] = np.concatenate(moved).astype(np.int32)
+    return batch
 
 
 def row_keys(lengths: np.ndarray, tokens: np.ndarray, type_ids: np.ndarray) -> list[bytes]:
