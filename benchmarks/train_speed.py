@@ -31,6 +31,7 @@ import numpy as np
 
 from benchmarks import flops, harness
 from trip_jax import runtime
+from trip_jax.batch_contract import is_packed_tokens
 
 MODES: tuple[str, ...] = ("eval", "train")
 
@@ -90,18 +91,28 @@ def time_step(lowerable, call: Callable[[], object], iters: int, args: tuple) ->
 
 
 def batch_info(local: dict[str, np.ndarray], real_lengths: np.ndarray) -> dict:
-    """Pairs, real and encoder rows and tokens, and shapes of a host batch."""
+    """Pairs, real and encoder rows and tokens, and shapes of a host batch.
+
+    ``real_tokens`` counts every real row's tokens (a row-by-row encoder's work);
+    ``encoded_real_tokens`` those the encoder runs on (fewer where packed_tokens encodes rows
+    of equal tokens once); packing efficiency is the latter over ``encoder_tokens``."""
     groups = flops.row_group_shapes(local)
+    packed = is_packed_tokens(local)
     info = {"pairs": int(local["pair_mask"].sum()), "real_rows": int(local["row_mask"].sum()),
-            "encoder_rows": sum(rows for rows, _, _ in groups),
+            "encoder_rows": (int(local["row_start"].size) if packed
+                             else sum(rows for rows, _, _ in groups)),
             "seq_len": int(local["input_ids"].shape[1]),
             "row_groups": [list(g) for g in groups],  # (rows, real rows, T) per group
             "grid_shape": list(local["row_mask"].shape),
             "grid_slots": int(np.prod(local["row_mask"].shape)),
             "real_tokens": int(real_lengths.sum()),
+            "encoded_real_tokens": (int((local["segment_ids"] > 0).sum()) if packed
+                                    else int(real_lengths.sum())),
             "encoder_tokens": sum(rows * seq_len for rows, _, seq_len in groups)}
+    if packed:
+        info["sequences"] = int(local["input_ids"].shape[0])
     # Packing efficiency: real tokens over the tokens the encoder runs on.
-    info["packing_efficiency"] = info["real_tokens"] / info["encoder_tokens"]
+    info["packing_efficiency"] = info["encoded_real_tokens"] / info["encoder_tokens"]
     return info
 
 

@@ -45,7 +45,7 @@ def check_case(case: dict, layout: str, modes: tuple[str, ...]) -> None:
     assert case["layout"] == layout
     batch = case["batch"]
     assert 0 < batch["real_rows"] <= batch["encoder_rows"]
-    assert 0 < batch["real_tokens"] <= batch["encoder_tokens"]
+    assert 0 < batch["encoded_real_tokens"] <= min(batch["real_tokens"], batch["encoder_tokens"])
     for mode in modes:
         timed = case[mode]
         assert TIMED_FIELDS <= timed.keys(), TIMED_FIELDS - timed.keys()
