@@ -138,17 +138,20 @@ def markdown(results: dict) -> str:
                         target_rows(results["targets"]))
     layout_rows = []
     for c in results["cases"]:
-        if "error" in c or c["layout"] != "packed":
+        if "error" in c or c["layout"] != "packed_tokens":
             continue
         s = c["epoch_layout"]
         layout_rows.append([c["model"], s["batch_size"]] + [
             f"{100 * s[k]['real_row_fraction']:.0f}% / {100 * s[k]['real_token_fraction']:.0f}%"
-            f" / {s[k]['distinct_shapes']}" for k in ("packed", "dense", "reference_dense")])
+            f" / {s[k]['distinct_shapes']}" if k in s else "-"
+            for k in ("packed_tokens", "packed", "dense", "reference_dense")])
     if layout_rows:
         lines += ["", "One epoch over the dev pairs: real rows / real tokens / distinct "
-                  "batch shapes (one compilation each) per layout:", ""]
-        lines += _table(["model", "B", "packed", "dense (bucketed E)", "reference"],
-                        layout_rows)
+                  "batch shapes (one compilation each) per layout (real tokens over encoder "
+                  "tokens; above 100% where packed_tokens encodes rows with equal tokens once):",
+                  ""]
+        lines += _table(["model", "B", "packed_tokens", "packed", "dense (bucketed E)",
+                         "reference"], layout_rows)
     curve_rows = []
     for curve in results.get("epoch_curves", []):
         if "error" in curve:
@@ -160,7 +163,8 @@ def markdown(results: dict) -> str:
                                f"{p['repeat']}x", p["pairs"], p["steps"], _num(p["epoch_s"]),
                                _num(p["pairs_per_s"])])
     if curve_rows:
-        lines += ["", "Training epochs over the dev pairs repeated 1x/2x/4x (every batch shape "
+        lines += ["", "Training epochs over the dev pairs (a curve's `split`: dev_train, the 254 "
+                  "pairs a dev_train run trains on) repeated 1x/2x/4x (every batch shape "
                   "compiled beforehand):", ""]
         lines += _table(["model", "layout", "B", "data", "pairs", "steps", "epoch s",
                          "pairs/s"], curve_rows)
