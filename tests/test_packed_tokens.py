@@ -181,3 +181,12 @@ def test_a_batch_in_shards_packs_each_piece_on_its_own(encoded):
     with pytest.raises(ValueError, match="does not split over 3 devices"):
         batching.plan_batches(encoded, 4, layout="packed_tokens", seq_len=P,
                               shards_per_process=3)
+
+
+def test_packing_summary_names_the_layout_and_its_shapes(encoded):
+    from trip_jax import input_pipeline
+
+    line = input_pipeline.packing_summary(encoded, Layout(layout="packed_tokens", pack_length=P),
+                                          2)
+    assert line.startswith(f"packed_tokens (P={P}), batch 2: ")
+    assert line.endswith("batch shapes") and int(line.split()[-3]) <= 4

@@ -169,6 +169,24 @@ def batch_stream(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int
         max_shapes=layout.max_shapes, dedup_rows=layout.dedup_rows, shards_per_process=shards)
 
 
+def packing_summary(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int) -> str:
+    """One line on how a split is laid out at ``batch_size`` (one unshuffled epoch): encoder
+    tokens per batch shape, the share of them that are real, and the distinct shapes."""
+    pack_length = layout.pack_length if layout.layout == "packed_tokens" else None
+    stats = batching.layout_stats(
+        encoded, batch_size, buckets=layout.buckets, seq_len=layout.seq_len,
+        max_sentences=layout.max_sentences, short_seq_len=layout.short_seq_len,
+        num_entities=layout.num_entities, pack_length=pack_length or batching.DEFAULT_PACK_LENGTH,
+        max_shapes=layout.max_shapes, dedup_rows=layout.dedup_rows)
+    name = layout.layout
+    length = f"P={pack_length}" if pack_length else "T bucketed" if not layout.seq_len else (
+        f"T={layout.seq_len}")
+    return (f"{name} ({length}), batch {batch_size}: {stats['real_tokens']:,} real tokens in "
+            f"{stats[f'{name}_tokens']:,} encoder tokens ({100 * stats[f'{name}_token_fraction']:.0f}"
+            f"%), {100 * stats[f'{name}_real_fraction']:.0f}% real rows, "
+            f"{len(stats[f'{name}_shapes'])} batch shapes")
+
+
 def num_batches(num_pairs: int, batch_size: int) -> int:
     """Batches per epoch (``batch_stream`` pads the last one)."""
     return batching.num_batches(num_pairs, batch_size)

@@ -387,6 +387,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("protocol %s: %d train pairs, %d selection pairs (%s), %d test pairs",
                  splits.protocol, len(data.train), len(data.selection), splits.selection_name,
                  len(data.test))
+    for name, encoded, size in (("train", data.train, config.train.batch_size),
+                                (splits.selection_name, data.selection,
+                                 config.train.eval_batch_size),
+                                ("test", data.test, config.train.eval_batch_size)):
+        logging.info("layout of %s: %s", name,
+                     input_pipeline.packing_summary(encoded, data.layout, size))
     hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
     checkpoints.write_run_files(str(workdir), config, hf_config, data.tokenizer)
