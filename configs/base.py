@@ -3,8 +3,8 @@
 Not run directly: ``roberta.py``, ``bert.py``, ``deberta.py``, ``minilm.py`` and ``tiny.py`` call
 ``get_config()`` and change the encoder and its learning rate.
 
-The optional config argument is a comma-separated list of at most one mode and at most one loss
-preset, in any order: ``--config=configs/roberta.py:clean,omit_conflict``.
+The optional config argument is a comma-separated list of at most one mode, at most one model
+preset and at most one loss preset, in any order: ``--config=configs/roberta.py:clean,all``.
 - Mode (``REFERENCE_MODES``): ``exact`` sets every key in which the original implementation's
   training step differs from the cleaned-up one to the original's (padding cells fed the
   encoder's vector of an all-zero, fully masked row; unmasked detector and losses; entities
@@ -16,6 +16,11 @@ preset, in any order: ``--config=configs/roberta.py:clean,omit_conflict``.
   equal tokens encoded once: the same outputs, fewer dropout draws). The paper configs (roberta, bert, deberta) default to
   ``exact``, minilm and tiny to ``clean``. ``docs/exact-mode.md`` lists every key and its
   measured effect; each key can also be set alone.
+- Model preset (``PRESETS``): ``reference`` (the paper's model, trained and decoded as the
+  paper did; the default of roberta, bert, deberta and tiny) or ``coherent`` (the improvements of
+  this project, for any encoder; the default of minilm): every key it sets is listed in
+  ``PRESETS`` and its measured effect in ``docs/results.md``. ``coherent`` also makes ``all``
+  the default loss preset.
 - Loss preset: a loss row of the paper's Table 2: ``omit_story`` (default, the paper's best),
   ``all``, ``omit_conflict`` or ``omit_states``.
 Any key can be overridden on the command line (``--config.train.learning_rate=2e-5``, also
@@ -58,35 +63,68 @@ REFERENCE_MODES: dict[str, dict[str, object]] = {
 }
 
 
-def parse_argument(argument: str | None, default_mode: str) -> tuple[str, str]:
-    """Splits the config argument ("exact", "all", "clean,omit_conflict", ...) into
-    (mode, loss preset), filling in ``default_mode`` and the default loss preset."""
-    mode, preset = None, None
+# The improvements over the paper's model, one switch for any encoder
+# (``--config=configs/roberta.py:coherent``); "reference" sets nothing. docs/results.md gives
+# each key's measured effect (the ablation table).
+PRESETS: dict[str, dict[str, object]] = {
+    "reference": {},
+    "coherent": {
+        # Story, conflicting pair and backing states decoded jointly (trip_jax/decoding.py).
+        "decoding.method": "coherent",
+        # Evidence of contradicting predicted states into the detector, with a direct path.
+        "model.tiered.state_transitions": True,
+        # A story's score is its strongest conflict belief, not the sum over its cells.
+        "model.tiered.story_score": "max",
+        # A 1-layer detector (the reference's 6 layers learn no conflict from few pairs).
+        "model.tiered.detector_layers": 1,
+        # Positive conflict labels (about 1 cell in 10) weigh 3x in the conflict loss.
+        "loss.conflict_positive_weight": 3.0,
+        # Heads and detector start from scratch: a higher peak rate, warm-up and linear decay.
+        "train.head_learning_rate": 2e-3,
+        "train.schedule": "warmup_linear",
+        # Selection robust to a small held-out slice (trip_jax/selection.py).
+        "train.selection": "smoothed",
+    },
+}
+# The loss preset a model preset uses when the argument names none.
+PRESET_LOSSES: dict[str, str] = {"reference": DEFAULT_LOSS_PRESET, "coherent": "all"}
+
+
+def parse_argument(argument: str | None, default_mode: str, default_preset: str = "reference"
+                   ) -> tuple[str, str, str]:
+    """Splits the config argument ("exact", "all", "coherent,clean", ...) into (mode, model
+    preset, loss preset), filling in ``default_mode``, ``default_preset`` and that preset's
+    loss preset (``PRESET_LOSSES``)."""
+    kinds = {"mode": REFERENCE_MODES, "model preset": PRESETS, "loss preset": LOSS_PRESETS}
+    chosen: dict[str, str] = {}
     for token in filter(None, (t.strip() for t in (argument or "").split(","))):
-        if token not in REFERENCE_MODES and token not in LOSS_PRESETS:
-            # "loss preset" first: most arguments name one (modes and presets combine with ",").
-            raise ValueError(unknown_choice("loss preset or mode", token,
-                                            [*sorted(LOSS_PRESETS), *REFERENCE_MODES]))
-        if (mode if token in REFERENCE_MODES else preset) is not None:
-            raise ValueError(f"config argument {argument!r} names two "
-                             f"{'modes' if token in REFERENCE_MODES else 'loss presets'}")
-        if token in REFERENCE_MODES:
-            mode = token
-        else:
-            preset = token
-    return mode or default_mode, preset or DEFAULT_LOSS_PRESET
+        kind = next((k for k, names in kinds.items() if token in names), None)
+        if kind is None:
+            raise ValueError(unknown_choice("loss preset, model preset or mode", token,
+                                            [*sorted(LOSS_PRESETS), *PRESETS, *REFERENCE_MODES]))
+        if kind in chosen:
+            raise ValueError(f"config argument {argument!r} names two {kind}s")
+        chosen[kind] = token
+    preset = chosen.get("model preset", default_preset)
+    return (chosen.get("mode", default_mode), preset,
+            chosen.get("loss preset", PRESET_LOSSES[preset]))
+
+
+def set_keys(config: ml_collections.ConfigDict, values: dict[str, object]) -> None:
+    """Sets every dotted key of ``values`` ("model.tiered.cells": ...) in ``config``."""
+    for dotted, value in values.items():
+        *parents, key = dotted.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[key] = value
 
 
 def apply_reference_mode(config: ml_collections.ConfigDict, mode: str) -> None:
     """Sets every key of ``REFERENCE_MODES[mode]`` in ``config``."""
     if mode not in REFERENCE_MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(REFERENCE_MODES)}")
-    for dotted, value in REFERENCE_MODES[mode].items():
-        *parents, key = dotted.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[key] = value
+    set_keys(config, REFERENCE_MODES[mode])
 
 
 def reference_mode(config: ml_collections.ConfigDict) -> str:
@@ -103,11 +141,12 @@ def reference_mode(config: ml_collections.ConfigDict) -> str:
     return "mixed"
 
 
-def get_config(argument: str | None = None, *, default_mode: str = "clean"
-               ) -> ml_collections.ConfigDict:
-    """Returns the base configuration for a config argument (module docstring: mode and loss
-    preset); ``default_mode`` applies when the argument names no mode."""
-    mode, loss_preset = parse_argument(argument, default_mode)
+def get_config(argument: str | None = None, *, default_mode: str = "clean",
+               default_preset: str = "reference") -> ml_collections.ConfigDict:
+    """Returns the base configuration for a config argument (module docstring: mode, model
+    preset and loss preset); the defaults apply to what the argument does not name. The model
+    preset's name is kept as ``config.preset``."""
+    mode, model_preset, loss_preset = parse_argument(argument, default_mode, default_preset)
     config = ml_collections.ConfigDict()
 
     config.data = ml_collections.ConfigDict()
@@ -210,13 +249,27 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean"
     config.train.log_every_steps = 50
     config.train.checkpoint_every_steps = 500  # latest checkpoint; also after every epoch
     config.train.keep_checkpoints = 2   # latest checkpoints kept for resuming
+    # Which evaluation's parameters become the selected checkpoint (checkpoints/
+    # best_verifiability): "verifiability" (the reference: best held-out verifiability, ties by
+    # consistency, then accuracy) | "smoothed" (best mean of consistency + verifiability over the
+    # last selection_window evaluations: one lucky pair of a small held-out slice moves it less).
+    config.train.selection = "verifiability"
+    config.train.selection_window = 2
     config.train.async_checkpoints = True
     # Speed options (trip_jax.runtime); the defaults are the reference behaviour.
     config.train.prng_impl = "threefry2x32"  # "rbg": faster dropout masks, other masks
     config.train.compilation_cache_dir = ""  # keep compiled steps here across runs ("": off)
 
+    # How predictions are read from the model's outputs (trip_jax/decoding.py): "reference"
+    # (each tier on its own, the paper's) | "coherent" (story, conflicting pair and the states
+    # behind it decoded jointly). Reports show both decodings side by side.
+    config.decoding = ml_collections.ConfigDict(dict(
+        method="reference", conflict_weight=0.0, persistence=True))
+
     # Device mesh: "data" splits the batch, "fsdp" shards large parameters (and the batch too).
     # -1: all devices not used by the other axis.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, fsdp_min_size=2 ** 18))
     apply_reference_mode(config, mode)
+    set_keys(config, PRESETS[model_preset])
+    config.preset = model_preset
     return config

@@ -16,10 +16,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # A module may import modules of its own floor or lower ones. "data" and "models" stand for
 # their whole sub-packages.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("schema", "config_fields", "runtime", "distributed", "paths", "cli"),
+    ("schema", "config_fields", "runtime", "distributed", "paths", "cli", "selection"),
     ("batch_contract",),
-    ("data", "models", "metrics", "losses", "optimizers", "explain", "reports", "sharding"),
-    ("builders", "protocol", "checkpoints", "metric_log", "random_baseline"),
+    ("data", "models", "metrics", "decoding", "losses", "optimizers", "explain", "reports",
+     "sharding"),
+    ("builders", "protocol", "checkpoints", "metric_log", "random_baseline", "run_summary"),
     ("input_pipeline",),
     ("evaluate",),
     ("train", "predict"),

@@ -6,7 +6,8 @@ A workdir holds:
   encoder_config.json          the encoder's Hugging Face config
   tokenizer/                   the tokenizer (save_pretrained), so evaluation needs no data
   checkpoints/latest/STEP/         params + opt_state + meta: the last few, for resuming
-  checkpoints/best_verifiability/STEP/   params + meta: best selection verifiability
+  checkpoints/best_verifiability/STEP/   params + meta: the selected checkpoint (best selection
+                                         score, trip_jax/selection.py; by default verifiability)
   checkpoints/best_accuracy/STEP/        params + meta: best selection accuracy
 
 ``meta`` (JSON) holds the step, epoch, selection metrics, protocol, the config and the encoder
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -35,7 +37,9 @@ LATEST = "latest"
 BEST_VERIFIABILITY = "best_verifiability"
 BEST_ACCURACY = "best_accuracy"
 RANKING: dict[str, tuple[str, ...]] = {
-    BEST_VERIFIABILITY: ("verifiability", "consistency", "accuracy"),
+    # The selected checkpoint: the best selection score (trip_jax/selection.py; under the
+    # reference rule it is the verifiability), then the tiers.
+    BEST_VERIFIABILITY: ("selection_score", "verifiability", "consistency", "accuracy"),
     BEST_ACCURACY: ("accuracy", "consistency", "verifiability"),
 }
 KINDS: tuple[str, ...] = (LATEST, BEST_VERIFIABILITY, BEST_ACCURACY)
@@ -137,6 +141,13 @@ def _restore(manager: ocp.CheckpointManager, step: int, **items) -> Any:
                               f"{type(err).__name__}: {err}") from err
 
 
+def ranking_score(kind: str, scores: Mapping[str, Any]) -> tuple[float, ...]:
+    """The tuple a best checkpoint of ``kind`` is ranked by (``RANKING``); scores without a
+    selection score (runs saved before it existed) rank by verifiability first."""
+    found = {"selection_score": scores.get("verifiability"), **scores}
+    return tuple(float(found[key]) for key in RANKING[kind])
+
+
 class RunCheckpoints:
     """The checkpoint managers of one training run (see the module docstring)."""
 
@@ -156,7 +167,7 @@ class RunCheckpoints:
         if step is None:
             return None
         meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
-        return tuple(meta["metrics"][key] for key in RANKING[kind])
+        return ranking_score(kind, meta["metrics"])
 
     def restore_latest(self, abstract_params, abstract_opt_state, param_shardings,
                        opt_shardings, config) -> tuple[Any, Any, dict]:
@@ -190,8 +201,8 @@ class RunCheckpoints:
         """Saves ``params`` as each best checkpoint that ``meta["metrics"]`` improves; returns
         the names of those it replaced."""
         improved = []
-        for kind, keys in RANKING.items():
-            score = tuple(float(meta["metrics"][key]) for key in keys)
+        for kind in RANKING:
+            score = ranking_score(kind, meta["metrics"])
             if self._best[kind] is not None and score <= self._best[kind]:
                 continue
             manager = self.managers[kind]

@@ -45,8 +45,8 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import (batch_contract, checkpoints, explain, input_pipeline, losses, metrics,
-                      protocol, random_baseline, reports, sharding)
+from trip_jax import (batch_contract, checkpoints, decoding, explain, input_pipeline, losses,
+                      metrics, protocol, random_baseline, reports, sharding)
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.types import StoryPair
 from trip_jax.input_pipeline import Layout
@@ -56,13 +56,14 @@ EVAL_DIR = "eval"
 
 def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings) -> Callable:
     """Returns ``eval_step(params, batch)``: the contract's predictions (``PREDICTION_KEYS``),
-    the batch's per-pair arrays (``PAIR_KEYS``) and the loss terms under "loss", replicated on
-    every device (so every process can score the whole batch)."""
+    the logits coherent decoding reads (``decoding.LOGIT_KEYS``), the batch's per-pair arrays
+    (``PAIR_KEYS``) and the loss terms under "loss", replicated on every device (so every process
+    can score the whole batch)."""
 
     def step(params, batch):
         outputs = model.apply({"params": params}, batch, deterministic=True)
         _, parts = losses.tiered_loss(outputs, batch, loss_config)
-        out = {k: outputs[k] for k in batch_contract.PREDICTION_KEYS}
+        out = {k: outputs[k] for k in (*batch_contract.PREDICTION_KEYS, *decoding.LOGIT_KEYS)}
         out.update({k: batch[k] for k in batch_contract.PAIR_KEYS})
         out["loss"] = parts
         return out
@@ -85,9 +86,35 @@ def eval_batch_size(batch_size: int, mesh) -> int:
 
 
 def scalar_metrics(scores: Mapping[str, Any]) -> dict[str, float]:
-    """The scalar entries of an evaluation (for logs and checkpoint metadata)."""
-    keys = [k for k in scores if k in metrics.SCALAR_METRICS or k.startswith("loss/")]
+    """The scalar entries of an evaluation (for logs and checkpoint metadata): the metrics of
+    its decoding, each decoding's tiers ("reference/accuracy", ...), the losses and the
+    selection score."""
+    keys = [k for k in scores if k in metrics.SCALAR_METRICS or k.startswith("loss/")
+            or k.split("/")[0] in decoding.DECODINGS or k == "selection_score"]
     return {k: float(scores[k]) for k in keys}
+
+
+TIER_METRICS: tuple[str, ...] = ("accuracy", "consistency", "verifiability")
+
+
+def decoded_scores(arrays: Mapping[str, np.ndarray], config: decoding.DecodingConfig
+                   ) -> tuple[dict[str, Any], decoding.Decoded, dict[str, dict]]:
+    """Scores eval-step outputs of N pairs under ``config``'s decoding and, side by side, under
+    every decoding: returns (the tiered metrics of ``config.method``, with "decoding" naming it
+    and "METHOD/accuracy"-style entries of every decoding's tiers; that decoding's predictions;
+    every decoding's ``metrics.pair_outcomes``)."""
+    scores, chosen, outcomes = {}, None, {}
+    for method in decoding.DECODINGS:
+        decoded = decoding.decode(arrays, dataclasses.replace(config, method=method))
+        tiered = metrics.TieredArrays.from_mapping({**arrays, **decoded.predictions()})
+        result = metrics.tiered_metrics(tiered)
+        outcomes[method] = metrics.pair_outcomes(tiered)
+        scores.update({f"{method}/{key}": result[key] for key in TIER_METRICS})
+        if method == config.method:
+            chosen = decoded
+            scores = {**result, **scores}
+    scores["decoding"] = config.method
+    return scores, chosen, outcomes
 
 
 def _pad_entities(value: np.ndarray, entities: int) -> np.ndarray:
@@ -148,12 +175,15 @@ class Evaluator:
       batch_size: global eval batch size in pairs (rounded up to the mesh, ``eval_batch_size``).
       mesh: the mesh the eval step was compiled for.
       explain: add ``explain.explain_pair``'s explanation to every record.
+      decoding_config: how predictions are read from the outputs (``decoding.DecodingConfig``; the
+        scores of every decoding are reported beside it).
       progress: show a progress bar with ETA over the batches (process 0 only).
     """
 
     def __init__(self, eval_step: Callable, pairs: Sequence[StoryPair],
                  encoded: Sequence[EncodedPair], layout: Layout, batch_size: int, mesh, *,
-                 explain: bool = False, progress: bool = False, desc: str = "eval"):
+                 explain: bool = False, progress: bool = False, desc: str = "eval",
+                 decoding_config: decoding.DecodingConfig = decoding.DecodingConfig()):
         if len(pairs) != len(encoded):
             raise ValueError(f"{len(pairs)} pairs but {len(encoded)} encoded pairs")
         self.eval_step = eval_step
@@ -163,6 +193,7 @@ class Evaluator:
         self.batch_size = eval_batch_size(batch_size, mesh)
         self.mesh = mesh
         self.explain = explain
+        self.decoding = decoding_config
         self.progress = progress
         self.desc = desc
 
@@ -178,6 +209,8 @@ class Evaluator:
         layout = Layout.from_config(config.data)
         if splits is not None:
             layout = layout.for_splits(splits)
+        kwargs.setdefault("decoding_config", decoding.DecodingConfig.from_mapping(
+            config.get("decoding")))
         return cls(checkpoint_eval_step(restored), pairs,
                    input_pipeline.encode(pairs, restored.tokenizer, layout), layout,
                    config.train.eval_batch_size, restored.mesh, **kwargs)
@@ -212,26 +245,32 @@ class Evaluator:
         return Predictions(merged, {k: v / max(real_pairs, 1) for k, v in loss_sums.items()})
 
     def run(self, params) -> Evaluation:
-        """Scores ``params``: tiered metrics plus mean losses ("loss/NAME"), and per-pair
-        records (pair id, label, predicted story, ``metrics.outcome_record``, and with
-        ``explain`` the explanation)."""
+        """Scores ``params`` under the evaluator's decoding (``decoded_scores``: tiered metrics,
+        every decoding's tiers side by side) plus mean losses ("loss/NAME"), with per-pair
+        records (pair id, label, predicted story, ``metrics.outcome_record``, every decoding's
+        tiers, and with ``explain`` the explanation, naming the backing states when decoding
+        is coherent)."""
         predictions = self.predict(params)
         merged = predictions.arrays
-        arrays = metrics.TieredArrays.from_mapping(merged)
-        scores = metrics.tiered_metrics(arrays)
+        scores, decoded, outcomes = decoded_scores(merged, self.decoding)
         scores.update({f"loss/{k}": v for k, v in predictions.losses.items()})
-        outcomes = metrics.pair_outcomes(arrays)
         records = []
         for n, i in enumerate(merged["pair_index"]):
             pair = self.pairs[int(i)]
-            story_pred = int(merged["story_pred"][n])
+            story_pred = int(decoded.story_pred[n])
             record = {"pair_id": pair.pair_id, "label": int(merged["story_label"][n]),
-                      "predicted_story": story_pred, **metrics.outcome_record(outcomes, n)}
+                      "predicted_story": story_pred, "decoding": self.decoding.method,
+                      **metrics.outcome_record(outcomes[self.decoding.method], n),
+                      "by_decoding": {method: {key: bool(result[key][n]) for key in (
+                          "correct", "consistent", "verifiable")}
+                          for method, result in outcomes.items()}}
             if self.explain:
+                found = decoded.contradictions[n]
                 record["explanation"] = explain.explain_pair(
-                    story_pred, merged["conflict_prob"][n], merged["pre_pred"][n],
-                    merged["eff_pred"][n], [s.entities for s in pair.stories],
-                    [s.sentences for s in pair.stories])
+                    story_pred, decoded.conflict_prob[n], decoded.pre_pred[n],
+                    decoded.eff_pred[n], [s.entities for s in pair.stories],
+                    [s.sentences for s in pair.stories],
+                    backing=None if found is None else found.as_dict())
             records.append(record)
         return Evaluation(scores, records)
 

@@ -13,7 +13,10 @@ Rules (sentence indices are 0-based in the dict, 1-based in the text, as the pap
   (belief >= 0.5) these are they, which is the pair the consistency metric checks; ``detected``
   says whether both beliefs reach 0.5;
 - the states behind it are the nontrivial predictions (non-zero and not the attribute's default)
-  of every entity's effects at i and preconditions at j, the ones the verifiability metric checks.
+  of every entity's effects at i and preconditions at j, the ones the verifiability metric checks;
+- with coherent decoding (``trip_jax.decoding``) the explanation also names the *backing*
+  contradiction: the entity, the attribute and the two predicted states (an effect at i, a
+  precondition at j) that the conflict was decoded from; both are among the states above.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def _states(pred: np.ndarray, entities: Sequence[str], sentence: int, side: str)
 
 def explain_pair(story_pred: int, conflict_prob: Any, pre_pred: Any, eff_pred: Any,
                  entities: Sequence[Sequence[str]],
-                 sentences: Sequence[Sequence[str]]) -> dict[str, Any]:
+                 sentences: Sequence[Sequence[str]],
+                 backing: dict[str, Any] | None = None) -> dict[str, Any]:
     """Returns a JSON-ready explanation of one pair's predictions (rules in the module docstring).
 
     Args:
@@ -62,11 +66,13 @@ def explain_pair(story_pred: int, conflict_prob: Any, pre_pred: Any, eff_pred: A
       pre_pred, eff_pred: predicted labels [2, E, S, 20], or one [E_k, S_k, 20] array per story.
         Arrays may be padded; they are cut to each story's entities and sentences.
       entities: the entity names of each story; sentences: the sentences of each story.
+      backing: coherent decoding's contradiction (``decoding.Contradiction.as_dict``), if any.
 
     Returns:
       {"plausible_story", "implausible_story", "conflict": {"evidence", "breakpoint",
       "evidence_sentence", "breakpoint_sentence", "beliefs", "detected"}, "states": [{"entity",
-      "sentence", "side", "attribute", "label", "value"}], "text"}.
+      "sentence", "side", "attribute", "label", "value"}], "text"}, and with ``backing``
+      "backing": {"entity" (its name), "attribute", "effect_value", "precondition_value", ...}.
     """
     if story_pred not in (0, 1):
         raise ValueError(f"story_pred must be 0 or 1, got {story_pred}")
@@ -92,6 +98,11 @@ def explain_pair(story_pred: int, conflict_prob: Any, pre_pred: Any, eff_pred: A
         },
         "states": states,
     }
+    if backing is not None:
+        if backing["story"] != k or (backing["evidence"], backing["breakpoint"]) != (i, j):
+            raise ValueError(f"the backing contradiction {backing} is not the decoded conflict "
+                             f"(story {k}, sentences {i} and {j})")
+        explanation["backing"] = {**backing, "entity": names[backing["entity"]]}
     explanation["text"] = explanation_text(explanation)
     return explanation
 
@@ -123,4 +134,10 @@ def explanation_text(explanation: dict[str, Any]) -> str:
                      for (side, entity), values in by_entity.items() if side == "precondition"]
     if not effects and not preconditions:
         return head + "; no predicted physical state supports it."
-    return head + ": " + "; ".join(effects + preconditions) + "."
+    text = head + ": " + "; ".join(effects + preconditions) + "."
+    backing = explanation.get("backing")
+    if backing:
+        text += (f" The conflict: after sentence {i} {_mention(backing['entity'])} is "
+                 f"{backing['effect_value']}, but sentence {j} needs it "
+                 f"{backing['precondition_value']}.")
+    return text

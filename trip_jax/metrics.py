@@ -31,7 +31,9 @@ classes {0, 1} of the thresholded conflict beliefs at real (story, entity, sente
 
 Failure modes (Figure 3): every pair falls in one of 8 cells story right/wrong x conflict
 right/wrong x states right/wrong, with "conflict" and "states" as defined above (independent of
-the story prediction).
+the story prediction). Tier losses: the share of pairs lost at each tier in turn (story wrong;
+story right, conflict wrong; consistent, states wrong; verifiable), and for the consistent but
+not verifiable pairs the attributes whose effect at i or precondition at j was wrong.
 
 State contribution (Figure 5): per attribute, the nontrivial correct state predictions
 (preconditions and effects, real rows, both stories), and how many of them sit in a correctly
@@ -143,15 +145,17 @@ def _pair_outcomes(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     default = schema.default_values_array()
 
     def side(pred, label, sentence):
-        # [N, E, 20] predictions of story k at one sentence per pair, with their real-row mask.
+        # [N, E, 20] predictions of story k at one sentence per pair, with their real-row mask;
+        # returns (any nontrivial prediction [N], attributes with a wrong one [N, 20]).
         p = pred[ar, k, :, sentence]
         nontrivial = (p != 0) & (p != default) & mask[ar, k, :, sentence][..., None]
         wrong = nontrivial & (p != label[ar, k, :, sentence])
-        return nontrivial.any(axis=(1, 2)), wrong.any(axis=(1, 2))
+        return nontrivial.any(axis=(1, 2)), wrong.any(axis=1)
 
     found_eff, wrong_eff = side(a["eff_pred"], a["eff_label"], i)
     found_pre, wrong_pre = side(a["pre_pred"], a["pre_label"], j)
-    states_correct = gold_is_pair & (found_eff | found_pre) & ~(wrong_eff | wrong_pre)
+    states_found = found_eff | found_pre
+    states_correct = gold_is_pair & states_found & ~(wrong_eff | wrong_pre).any(axis=-1)
 
     correct = a["story_pred"] == a["story_label"]
     consistent = correct & conflict_correct
@@ -163,6 +167,9 @@ def _pair_outcomes(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "verifiable": consistent & states_correct,
         "predicted_sentences": pred_sentences,
         "gold_sentences": gold_sentences,
+        "states_found": states_found,
+        "wrong_effect_attributes": wrong_eff,
+        "wrong_precondition_attributes": wrong_pre,
     }
 
 
@@ -170,9 +177,12 @@ def pair_outcomes(arrays: TieredArrays) -> dict[str, np.ndarray]:
     """Returns the per-pair results behind the metrics, for predictions files and analyses.
 
     Same argument as ``tiered_metrics``. Keys: ``correct``, ``conflict_correct``,
-    ``states_correct``, ``consistent``, ``verifiable`` (bool [N]) and ``predicted_sentences``,
-    ``gold_sentences`` (bool [N, S]: the predicted and gold conflict sets). ``outcome_record``
-    turns one pair of it into a JSON-ready dict.
+    ``states_correct``, ``consistent``, ``verifiable`` (bool [N]); ``predicted_sentences``,
+    ``gold_sentences`` (bool [N, S]: the predicted and gold conflict sets); ``states_found``
+    (bool [N]: story k has a nontrivial prediction among the effects at i and preconditions at
+    j); ``wrong_effect_attributes``, ``wrong_precondition_attributes`` (bool [N, 20]: the
+    attributes with a wrong nontrivial prediction there). ``outcome_record`` turns one pair of it
+    into a JSON-ready dict.
     """
     return _pair_outcomes(_as_arrays(arrays))
 
@@ -227,6 +237,29 @@ def _failure_modes(outcomes: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     return modes
 
 
+def _tier_losses(outcomes: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Where pairs are lost, tier by tier (shares of all pairs that sum to 1): the story is wrong;
+    the story is right but the conflict is not; consistent but the states are not right; and
+    verifiable. For the consistent-but-not-verifiable pairs: how many had no nontrivial state
+    prediction at all, and per attribute how many had a wrong effect at i / precondition at j."""
+    correct, consistent = outcomes["correct"], outcomes["consistent"]
+    verifiable = outcomes["verifiable"]
+    unverified = consistent & ~verifiable
+    return {
+        "shares": {"story": float(np.mean(~correct)),
+                   "conflict": float(np.mean(correct & ~consistent)),
+                   "states": float(np.mean(unverified)),
+                   "verifiable": float(np.mean(verifiable))},
+        "unverified_pairs": int(unverified.sum()),
+        "unverified_without_states": int((unverified & ~outcomes["states_found"]).sum()),
+        "unverified_wrong_attributes": {
+            attr: {"effect": int(outcomes["wrong_effect_attributes"][unverified, x].sum()),
+                   "precondition": int(
+                       outcomes["wrong_precondition_attributes"][unverified, x].sum())}
+            for x, attr in enumerate(schema.ATTRIBUTES)},
+    }
+
+
 def _state_contribution(a: dict[str, np.ndarray], outcomes: dict[str, np.ndarray],
                         pre_f1: dict[str, float], eff_f1: dict[str, float]) -> dict[str, dict]:
     """Per attribute: nontrivial correct predictions, share in detected conflicts (Figure 5)."""
@@ -267,7 +300,9 @@ def tiered_metrics(arrays: TieredArrays) -> dict[str, Any]:
       ``precondition_f1``, ``effect_f1`` (macro, averaged over attributes) and
       ``precondition_f1_per_attribute``, ``effect_f1_per_attribute`` ({attribute: F1});
       ``conflict_f1``, ``conflict_f1_positive``; ``failure_modes`` (8 dicts with ``story``,
-      ``conflict``, ``states`` booleans, ``count``, ``fraction``); ``state_contribution``
+      ``conflict``, ``states`` booleans, ``count``, ``fraction``); ``tier_losses`` (where pairs
+      are lost tier by tier, and the wrong attributes of consistent-but-not-verifiable pairs:
+      ``_tier_losses``); ``state_contribution``
       ({attribute: {correct, in_detected_conflicts, share, f1}}). Per-pair results:
       ``pair_outcomes``.
     """
@@ -290,5 +325,6 @@ def tiered_metrics(arrays: TieredArrays) -> dict[str, Any]:
         "conflict_f1": _macro_f1(conflict_true.astype(np.int64), conflict_pred.astype(np.int64), 2),
         "conflict_f1_positive": _binary_f1(conflict_true, conflict_pred),
         "failure_modes": _failure_modes(outcomes),
+        "tier_losses": _tier_losses(outcomes),
         "state_contribution": _state_contribution(a, outcomes, pre_f1, eff_f1),
     }

@@ -13,7 +13,10 @@ pair in the output; default: the line number. Blank lines are ignored.
 For every pair the model's answer is printed (which story is plausible, the conflicting sentence
 pair, the physical states behind it in words: ``explain.explanation_text``) and written as one
 JSON object a line (``explain.explain_pair`` plus ``line``, ``id``, ``stories``, ``entities``,
-``entity_source``, ``story_scores``) to ``--output`` (default ``WORKDIR/predict/<stem>.jsonl``).
+``entity_source``, ``story_scores``, ``decoding``) to ``--output`` (default
+``WORKDIR/predict/<stem>.jsonl``). The answer is decoded as ``config.decoding`` says
+(``trip_jax.decoding``); with coherent decoding it also names the backing contradiction: the
+entity, attribute and the two predicted states the conflict was decoded from.
 A line that cannot be answered (bad JSON, a missing or malformed field, a story longer than the
 model's ``max_sentences``, no entities) is reported on stderr with its number, written as
 ``{"line", "id", "error"}`` and skipped; the other lines are still answered.
@@ -33,7 +36,7 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from trip_jax import checkpoints, evaluate, explain, input_pipeline, reports
+from trip_jax import checkpoints, decoding, evaluate, explain, input_pipeline, reports
 from trip_jax.data import entities as entity_lib
 from trip_jax.data.types import Story, StoryPair, empty_states
 
@@ -230,23 +233,31 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
         else:
             keep.append(x)
     predictions = None
+    decoding_config = decoding.DecodingConfig.from_mapping(config.get("decoding"))
     if keep:
         evaluator = evaluate.Evaluator(
             evaluate.checkpoint_eval_step(restored), [pairs[x] for x in keep],
             [encoded[x] for x in keep], layout, config.train.eval_batch_size, restored.mesh,
-            desc="predict")
+            desc="predict",
+            decoding_config=decoding_config)
         predictions = evaluator.predict(restored.params)
+        decoded = decoding.decode(predictions.arrays, decoding_config)
+        predictions = evaluate.Predictions({**predictions.arrays, **decoded.predictions()},
+                                           predictions.losses)
 
     answers = []
     for position, x in enumerate(keep):
         request, names, source = resolved[x]
         out = predictions.for_pair(position, pairs[x])
+        found = decoded.contradictions[position]
         explanation = explain.explain_pair(int(out["story_pred"]), out["conflict_prob"],
                                            out["pre_pred"], out["eff_pred"], names,
-                                           request.stories)
+                                           request.stories,
+                                           backing=None if found is None else found.as_dict())
         answers.append({"line": request.line, "id": request.id,
                         "stories": request.stories, "entities": names, "entity_source": source,
-                        "story_scores": out["story_score"], **explanation})
+                        "story_scores": out["story_score"], "decoding": decoding_config.method,
+                        **explanation})
     output = epath.Path(output_path or epath.Path(workdir) / PREDICT_DIR
                         / f"{epath.Path(input_path).stem}.jsonl")
     if jax.process_index() == 0:

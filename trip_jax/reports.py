@@ -107,6 +107,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     for row, m in rows.items():
         lines.append(f"| {row} | {_pct(m.get('accuracy'))} | {_pct(m.get('consistency'))} "
                      f"| {_pct(m.get('verifiability'))} |")
+    lines += _decoding_table(metrics)
     lines += ["", "## Low-level tasks, macro-F1 (layout of Table 4)", "",
               "| Model | Prec. F1 (%) | Eff. F1 (%) | Confl. F1 (%) |", "|---|---:|---:|---:|"]
     for row, m in rows.items():
@@ -117,6 +118,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     for mode in metrics["failure_modes"]:
         marks = ["right" if mode[k] else "wrong" for k in ("story", "conflict", "states")]
         lines.append(f"| {' | '.join(marks)} | {mode['count']} | {_pct(mode['fraction'])} |")
+    lines += _tier_loss_tables(metrics)
     lines += ["", "## Per attribute (Figure 5)", "",
               "Correct states: nontrivial (non-zero, non-default) correct predictions, "
               "preconditions and effects; in conflicts: the share of them at the evidence or "
@@ -129,6 +131,47 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
                      f"| {_pct(metrics['effect_f1_per_attribute'][attr])} | {c['correct']} "
                      f"| {_pct(c['share'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _decoding_table(metrics: Mapping[str, Any]) -> list[str]:
+    """The tiers of every decoding of the same outputs (trip_jax/decoding.py), side by side."""
+    methods = [key.split("/")[0] for key in metrics if key.endswith("/accuracy")]
+    if not methods:
+        return []
+    lines = ["", "## Decodings of the same outputs", "",
+             f"The scores above are those of the `{metrics.get('decoding')}` decoding.", "",
+             "| Decoding | Accuracy (%) | Consistency (%) | Verifiability (%) |",
+             "|---|---:|---:|---:|"]
+    for method in methods:
+        lines.append(f"| {method} | {_pct(metrics[f'{method}/accuracy'])} "
+                     f"| {_pct(metrics[f'{method}/consistency'])} "
+                     f"| {_pct(metrics[f'{method}/verifiability'])} |")
+    return lines
+
+
+def _tier_loss_tables(metrics: Mapping[str, Any]) -> list[str]:
+    """Where pairs are lost tier by tier, and the wrong attributes of consistent but not
+    verifiable pairs (``metrics.tiered_metrics``' ``tier_losses``)."""
+    losses = metrics.get("tier_losses")
+    if not losses:
+        return []
+    shares = losses["shares"]
+    lines = ["", "## Where pairs are lost, tier by tier", "",
+             "| Lost at | Share of pairs (%) |", "|---|---:|",
+             f"| story (wrong story) | {_pct(shares['story'])} |",
+             f"| conflict (right story, wrong conflicting pair) | {_pct(shares['conflict'])} |",
+             f"| states (consistent, states not right) | {_pct(shares['states'])} |",
+             f"| none (verifiable) | {_pct(shares['verifiable'])} |", "",
+             f"Consistent but not verifiable: {losses['unverified_pairs']} pairs, "
+             f"{losses['unverified_without_states']} of them without any nontrivial state "
+             "prediction at the two sentences. Attributes with a wrong nontrivial prediction "
+             "(pairs; an effect at the evidence sentence, a precondition at the breakpoint):", "",
+             "| Attribute | Wrong effect | Wrong precondition |", "|---|---:|---:|"]
+    wrong = losses["unverified_wrong_attributes"]
+    for attr in sorted(wrong, key=lambda a: -(wrong[a]["effect"] + wrong[a]["precondition"])):
+        if wrong[attr]["effect"] or wrong[attr]["precondition"]:
+            lines.append(f"| {attr} | {wrong[attr]['effect']} | {wrong[attr]['precondition']} |")
+    return lines
 
 
 def _save_png(fig: Figure, path: epath.PathLike) -> epath.Path:

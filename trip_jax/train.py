@@ -32,8 +32,8 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import (builders, checkpoints, evaluate, input_pipeline, losses, optimizers,
-                      sharding)
+from trip_jax import (builders, checkpoints, decoding, evaluate, input_pipeline, losses,
+                      optimizers, selection, sharding)
 from trip_jax.input_pipeline import RunData
 from trip_jax.metric_log import MetricLog
 
@@ -375,6 +375,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     Returns the test metrics of the best-verifiability checkpoint.
     """
+    started = time.time()
+    selection.check_selection(config.train.selection, config.train.selection_window)
+    decoding.DecodingConfig.from_mapping(config.decoding)  # a bad decoding fails before training
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = sharding.create_mesh(config.mesh)
@@ -405,49 +408,57 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     setup = RunSetup(config, workdir, trainer, data, hf_config, ckpts, log)
     try:
         try:
-            state = _initial_state(setup, encoder_params)
+            state, history = _initial_state(setup, encoder_params)
             log.drop_after(int(jax.device_get(state.step)))
-            TrainLoop(setup, state).run()
+            TrainLoop(setup, state, history).run()
         finally:
             ckpts.close()
-        return _final_reports(setup)
+        results = _final_reports(setup)
+        # This process's wall time, setup and compilation included (a resumed run logs one
+        # record per process; run_summary adds them up).
+        log.write(setup.total_steps, "wall_time", {"seconds": time.time() - started})
+        return results
     finally:
         log.close()
 
 
-def _initial_state(setup: RunSetup, encoder_params) -> TrainState:
-    """The latest checkpoint's train state when there is one, else a fresh one (with the
-    parameters of ``train.init_from`` where given)."""
+def _initial_state(setup: RunSetup, encoder_params) -> tuple[TrainState, list[dict]]:
+    """The latest checkpoint's train state and selection history when there is one, else a
+    fresh state (with the parameters of ``train.init_from`` where given) and no history."""
     config, trainer = setup.config, setup.trainer
     if setup.ckpts.latest_step() is None:
         state = trainer.fresh_state(encoder_params)
         if config.train.init_from:
             state = state.replace(params=init_params_from(config, state.params))
-        return state
+        return state, []
     abstract, shardings = trainer.abstract_state(), trainer.state_shardings
     params, opt_state, meta = setup.ckpts.restore_latest(
         abstract.params, abstract.opt_state, shardings.params, shardings.opt_state, config)
     logging.info("resuming from the checkpoint of step %d (epoch %.2f)", meta["step"],
                  meta["epoch"])
     step = jax.device_put(jnp.asarray(meta["step"], jnp.int32), shardings.step)
-    return TrainState(step=step, params=params, opt_state=opt_state)
+    return (TrainState(step=step, params=params, opt_state=opt_state),
+            list(meta.get("selection_history", [])))
 
 
 class TrainLoop:
     """Runs the epochs of ``setup`` from ``state``'s step to the end: train steps, metric logs,
     selection evaluations, checkpoints. Holds what changes while training: the state, the step,
-    the metrics not yet fetched and the throughput clock."""
+    the metrics not yet fetched, the throughput clock and the recent selection evaluations
+    (``history``, for ``selection.selection_score``)."""
 
-    def __init__(self, setup: RunSetup, state: TrainState):
+    def __init__(self, setup: RunSetup, state: TrainState, history: list[dict] | None = None):
         self.setup = setup
         self.state = state
+        self.history = list(history or [])
         self.step = int(jax.device_get(state.step))
         self.pending = _PendingMetrics()
         self.tick, self.tick_step = time.time(), self.step
         data, trainer = setup.data, setup.trainer
         self.selection = evaluate.Evaluator(
             trainer.eval_step, data.splits.selection, data.selection, data.layout,
-            setup.config.train.eval_batch_size, trainer.mesh)
+            setup.config.train.eval_batch_size, trainer.mesh,
+            decoding_config=decoding.DecodingConfig.from_mapping(setup.config.decoding))
         self.bar = None
 
     def run(self) -> None:
@@ -518,6 +529,11 @@ class TrainLoop:
         setup, step = self.setup, self.step
         name = setup.data.splits.selection_name
         scalars = self.selection.run(self.state.params).scalars
+        train_config = setup.config.train
+        self.history = [*self.history, {k: scalars[k] for k in ("consistency", "verifiability")}
+                        ][-train_config.selection_window:]
+        scalars["selection_score"] = selection.selection_score(
+            self.history, train_config.selection, train_config.selection_window)
         setup.log.write(step, name, scalars, epoch=step / setup.steps_per_epoch)
         improved = setup.ckpts.save_if_best(step, self.state.params, setup.meta(step, scalars))
         logging.info("step %d %s: accuracy %.3f consistency %.3f verifiability %.3f%s", step,
@@ -526,8 +542,8 @@ class TrainLoop:
 
     def save_latest(self) -> None:
         """Saves the state as the latest checkpoint (for resuming)."""
-        self.setup.ckpts.save_latest(self.step, self.state.params, self.state.opt_state,
-                                     self.setup.meta(self.step))
+        meta = {**self.setup.meta(self.step), "selection_history": self.history}
+        self.setup.ckpts.save_latest(self.step, self.state.params, self.state.opt_state, meta)
 
 
 def _final_reports(setup: RunSetup) -> dict[str, Any]:
@@ -538,8 +554,10 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
     training mesh, so the trainer's eval step, compiled for those shardings, is reused.
     """
     config, data, splits = setup.config, setup.data, setup.data.splits
-    tester = evaluate.Evaluator(setup.trainer.eval_step, splits.test, data.test, data.layout,
-                                config.train.eval_batch_size, setup.trainer.mesh, explain=True)
+    tester = evaluate.Evaluator(
+        setup.trainer.eval_step, splits.test, data.test, data.layout,
+        config.train.eval_batch_size, setup.trainer.mesh, explain=True,
+        decoding_config=decoding.DecodingConfig.from_mapping(config.decoding))
     results, scored_steps = {}, {}
     for kind, subdir in ((checkpoints.BEST_VERIFIABILITY, ""),
                          (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)):

@@ -1,0 +1,254 @@
+"""Turning the model's outputs into a prediction: the reference decoding and coherent decoding.
+
+Pure numpy (no JAX). Both decodings read the eval step's outputs of N pairs (pair axis first,
+the batch contract's names) and return the four predictions the metrics score: ``story_pred``
+[N], ``conflict_prob`` [N, 2, E, S], ``pre_pred`` and ``eff_pred`` [N, 2, E, S, 20].
+
+- **reference** (the paper's): each tier is read on its own. The story is the model's
+  ``story_pred``, the conflicting sentences are those whose belief reaches 0.5, the states are
+  each head's argmax. Nothing ties the three together: a predicted conflict need not be backed by
+  any predicted state, and the story need not be the one without a conflict.
+
+- **coherent**: the story, the conflicting pair and the states behind it are one decision. A
+  *backed contradiction* in story k is an entity e, a binary attribute a (one of the 18 that are
+  not a location), sentences i < j and a value v in {false, true}, read as "the effect of
+  sentence i sets a of e to v, and sentence j needs a of e to be the other value". Its score is
+  the log-probability the model gives to those two states,
+
+      log P(eff[k, e, i, a] = v) + log P(pre[k, e, j, a] = not v)
+      + sum over i < m < j of log(1 - P(eff[k, e, m, a] = not v))   (``persistence``: nothing
+                                                                     in between sets it back)
+      + conflict_weight * (log sigmoid(conflict_logit[k, e, i]) + log sigmoid(... j])).
+
+  A story's evidence of implausibility is the log of the summed probability of all its backed
+  contradictions (log-sum-exp of their scores): the sentences both stories share give both the
+  same candidates, which then cannot decide between them, so the choice rests on what differs.
+  The implausible story is the one with the stronger evidence; the conflicting pair is the
+  (i, j) of its best backed contradiction; the states are each head's argmax except the
+  two backing cells, which take the contradiction's values (so the predicted conflict is always
+  backed by the predicted states that the metrics score). The decoded beliefs are 1 at sentences
+  i and j of story k for every entity with a non-zero decoded state at i or j (the rule by which
+  the gold conflict labels are made; the backing entity is always one) and 0 elsewhere.
+
+  Ties are broken deterministically: within a story, the first best contradiction in the order
+  (entity, evidence i, breakpoint j, attribute, value false-then-true) wins; when both stories
+  have the same evidence (identical stories, or neither has two sentences of one entity), the
+  reference ``story_pred`` decides the story, and the other story's best contradiction (if any)
+  is decoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from trip_jax import schema
+
+DECODINGS: tuple[str, ...] = ("reference", "coherent")
+# The outputs decoding reads beyond the reference predictions (the eval step returns them).
+LOGIT_KEYS: tuple[str, ...] = ("pre_logits", "eff_logits", "conflict_logits")
+FALSE, TRUE = 1, 2  # class indices of a binary attribute (0 is "unknown")
+# Binary attributes: 3 classes and not a location; candidates of a contradiction.
+BINARY_ATTRIBUTES: np.ndarray = np.asarray(
+    [a for a, name in enumerate(schema.ATTRIBUTES)
+     if name not in schema.LOCATION_ATTRIBUTES and schema.NUM_CLASSES[a] == 3])
+# Contradiction directions: (effect class at i, precondition class at j).
+DIRECTIONS: tuple[tuple[int, int], ...] = ((FALSE, TRUE), (TRUE, FALSE))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig:
+    """How predictions are read from the model's outputs (``config.decoding``)."""
+
+    method: str = "reference"      # "reference" | "coherent" (module docstring)
+    conflict_weight: float = 0.0   # coherent: weight of the detector's log-beliefs
+    persistence: bool = True       # coherent: no effect in between may undo the evidence
+
+    def __post_init__(self):
+        if self.method not in DECODINGS:
+            raise ValueError(f"unknown decoding {self.method!r}; expected one of {DECODINGS}")
+        if self.conflict_weight < 0:
+            raise ValueError(f"decoding.conflict_weight must be >= 0, got {self.conflict_weight}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> "DecodingConfig":
+        """From ``config.decoding`` (None: the reference decoding)."""
+        if values is None:
+            return cls()
+        return cls(method=str(values["method"]),
+                   conflict_weight=float(values["conflict_weight"]),
+                   persistence=bool(values["persistence"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Contradiction:
+    """A backed contradiction: story k, entity e, attribute a, sentences i < j, with the effect
+    class at i, the precondition class at j and the log-score."""
+
+    story: int
+    entity: int
+    attribute: int
+    evidence: int
+    breakpoint: int
+    effect: int
+    precondition: int
+    score: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, with the attribute's name and the two values in words."""
+        name = schema.ATTRIBUTES[self.attribute]
+        return {"story": self.story, "entity": self.entity, "attribute": name,
+                "evidence": self.evidence, "breakpoint": self.breakpoint,
+                "effect": self.effect, "effect_value": schema.label_name(name, self.effect),
+                "precondition": self.precondition,
+                "precondition_value": schema.label_name(name, self.precondition),
+                "score": self.score}
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis (classes beyond an attribute's count hold a large negative
+    logit, so they get probability 0)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _log_sigmoid(x: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -np.asarray(x, dtype=np.float64))
+
+
+def contradiction_scores(pre_logprob: np.ndarray, eff_logprob: np.ndarray,
+                         conflict_logits: np.ndarray, row_mask: np.ndarray,
+                         config: DecodingConfig) -> np.ndarray:
+    """Scores of every candidate contradiction of one story.
+
+    ``pre_logprob``/``eff_logprob`` [E, S, 20, C] log-probabilities, ``conflict_logits`` [E, S],
+    ``row_mask`` bool [E, S]. Returns [E, S(i), S(j), len(BINARY_ATTRIBUTES), 2 directions],
+    -inf where i >= j or either row is padding.
+    """
+    eff = eff_logprob[:, :, BINARY_ATTRIBUTES]  # [E, S, B, C]
+    pre = pre_logprob[:, :, BINARY_ATTRIBUTES]
+    eff_v = np.stack([eff[..., v] for v, _ in DIRECTIONS], axis=-1)  # [E, S, B, 2]
+    pre_w = np.stack([pre[..., w] for _, w in DIRECTIONS], axis=-1)
+    score = eff_v[:, :, None] + pre_w[:, None, :]  # [E, i, j, B, 2]
+    if config.persistence:
+        # log(1 - P(eff_m = w)): sentence m does not set the attribute to the later value.
+        undo = np.stack([np.exp(eff[..., w]) for _, w in DIRECTIONS], axis=-1)
+        keep = np.log(np.clip(1.0 - undo, 1e-12, None))
+        cumulative = np.cumsum(keep, axis=1)  # [E, m, B, 2]: sum over sentences 0..m
+        # sum over i < m < j = cumulative[j - 1] - cumulative[i] (0 when j = i + 1)
+        before_j = np.concatenate([np.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], axis=1)
+        between = before_j[:, None, :] - cumulative[:, :, None]
+        score = score + between
+    if config.conflict_weight:
+        belief = _log_sigmoid(conflict_logits)  # [E, S]
+        score = score + config.conflict_weight * (
+            belief[:, :, None] + belief[:, None, :])[..., None, None]
+    num_sentences = row_mask.shape[1]
+    later = np.triu(np.ones((num_sentences, num_sentences), bool), k=1)  # [i, j]: i < j
+    valid = later[None] & row_mask[:, :, None] & row_mask[:, None, :]
+    return np.where(valid[..., None, None], score, -np.inf)
+
+
+def story_evidence(scores: np.ndarray) -> float:
+    """log of the summed probability of a story's backed contradictions (``contradiction_scores``
+    of the story); -inf when it has none."""
+    finite = scores[np.isfinite(scores)]
+    if not finite.size:
+        return -np.inf
+    top = finite.max()
+    return float(top + np.log(np.exp(finite - top).sum()))
+
+
+def best_contradiction(scores: np.ndarray, story: int) -> Contradiction | None:
+    """The first highest-scoring candidate of ``contradiction_scores`` (C order: entity, i, j,
+    attribute, direction); None when the story has none."""
+    flat = int(np.argmax(scores))
+    score = float(scores.flat[flat])
+    if not np.isfinite(score):
+        return None
+    e, i, j, b, d = np.unravel_index(flat, scores.shape)
+    effect, precondition = DIRECTIONS[int(d)]
+    return Contradiction(story=story, entity=int(e), attribute=int(BINARY_ATTRIBUTES[b]),
+                         evidence=int(i), breakpoint=int(j), effect=effect,
+                         precondition=precondition, score=score)
+
+
+def coherent_pair(outputs: Mapping[str, np.ndarray], config: DecodingConfig
+                  ) -> tuple[int, Contradiction | None]:
+    """Decodes one pair (arrays [2, E, S, ...] without the pair axis): returns the plausible
+    story and the implausible story's best backed contradiction (module docstring)."""
+    mask = np.asarray(outputs["row_mask"], bool)
+    pre, eff = log_softmax(outputs["pre_logits"]), log_softmax(outputs["eff_logits"])
+    scores = [contradiction_scores(pre[k], eff[k], outputs["conflict_logits"][k], mask[k], config)
+              for k in (0, 1)]
+    evidence = [story_evidence(s) for s in scores]
+    if evidence[0] == evidence[1]:
+        plausible = int(outputs["story_pred"])
+    else:
+        plausible = int(evidence[0] > evidence[1])  # the implausible story has more evidence
+    return plausible, best_contradiction(scores[1 - plausible], 1 - plausible)
+
+
+def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np.ndarray,
+                        found: Contradiction | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One pair's decoded states and beliefs ([2, E, S, ...]): the argmax states with the
+    backing cells set, and beliefs 1 at i and j of the contradiction's story for every entity
+    with a non-zero decoded state there (module docstring)."""
+    pre_pred, eff_pred = np.array(pre_pred), np.array(eff_pred)
+    beliefs = np.zeros(row_mask.shape, np.float32)
+    if found is None:
+        return pre_pred, eff_pred, beliefs
+    k, e, a = found.story, found.entity, found.attribute
+    eff_pred[k, e, found.evidence, a] = found.effect
+    pre_pred[k, e, found.breakpoint, a] = found.precondition
+    for s in (found.evidence, found.breakpoint):
+        involved = (pre_pred[k, :, s] != 0).any(-1) | (eff_pred[k, :, s] != 0).any(-1)
+        beliefs[k, :, s] = (involved | (np.arange(len(involved)) == e)) & row_mask[k, :, s]
+    return pre_pred, eff_pred, beliefs
+
+
+@dataclasses.dataclass
+class Decoded:
+    """The predictions of N pairs under one decoding; ``contradictions`` holds each pair's
+    backing contradiction (coherent decoding; None where a story had none, and for reference)."""
+
+    story_pred: np.ndarray
+    conflict_prob: np.ndarray
+    pre_pred: np.ndarray
+    eff_pred: np.ndarray
+    contradictions: list[Contradiction | None]
+
+    def predictions(self) -> dict[str, np.ndarray]:
+        """The four prediction arrays by their batch-contract names."""
+        return {"story_pred": self.story_pred, "conflict_prob": self.conflict_prob,
+                "pre_pred": self.pre_pred, "eff_pred": self.eff_pred}
+
+
+def decode(arrays: Mapping[str, np.ndarray], config: DecodingConfig) -> Decoded:
+    """Decodes N pairs' eval-step outputs (pair axis first; the reference predictions, the
+    ``LOGIT_KEYS`` for coherent decoding, and ``row_mask``) with ``config.method``."""
+    if config.method == "reference":
+        return Decoded(np.asarray(arrays["story_pred"]), np.asarray(arrays["conflict_prob"]),
+                       np.asarray(arrays["pre_pred"]), np.asarray(arrays["eff_pred"]),
+                       [None] * len(arrays["story_pred"]))
+    missing = [k for k in (*LOGIT_KEYS, "row_mask") if k not in arrays]
+    if missing:
+        raise KeyError(f"coherent decoding needs the eval step's {missing}")
+    story, beliefs, pres, effs, found_all = [], [], [], [], []
+    keys = (*LOGIT_KEYS, "row_mask", "story_pred")
+    for n in range(len(arrays["story_pred"])):
+        pair = {k: np.asarray(arrays[k][n]) for k in keys}
+        plausible, found = coherent_pair(pair, config)
+        pre, eff, belief = apply_contradiction(arrays["pre_pred"][n], arrays["eff_pred"][n],
+                                               pair["row_mask"], found)
+        story.append(plausible)
+        beliefs.append(belief)
+        pres.append(pre)
+        effs.append(eff)
+        found_all.append(found)
+    return Decoded(np.asarray(story, np.int64), np.stack(beliefs), np.stack(pres),
+                   np.stack(effs), found_all)
