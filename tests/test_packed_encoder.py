@@ -23,6 +23,7 @@ from trip_jax.models.encoders import build_encoder  # noqa: E402
 from trip_jax.models.packing import segment_attention_mask, segment_positions  # noqa: E402
 
 TOL = 1e-5
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
 BERT_TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=64, max_position_embeddings=40)
 DEBERTA_TINY = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -115,7 +116,9 @@ def _unpacked_and_packed(config, params, rows, pack_length, extras: bool = False
     unpacked_args = pad(rows, pad_id)
     p_ids, p_types, segments, places = pack(rows, pack_length, pad_id)
 
-    @jax.jit
+    # XLA:CPU's LLVM optimisations dominate the compile time of these one-call programs; the
+    # check is about equal hidden states, not speed, so they compile at -O0.
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def outputs(params, unpacked_args, packed_ids, packed_types, segments):
         def packed(remat=False, **kw):
             return build_encoder(config, remat=remat).apply(

@@ -21,6 +21,9 @@ from ml_collections import ConfigDict
 from trip_jax import batch_contract, sharding
 
 STEPS = 3
+# XLA:CPU's LLVM optimisations dominate the compile time of these few-step programs; the check
+# is about agreement between layouts, not speed, so the subprocess compiles at -O0.
+XLA_FLAGS = "--xla_backend_optimization_level=0"
 LAYOUTS = {"one_device": (1, 1), "data_parallel": (8, 1), "fsdp": (2, 4)}
 
 
@@ -161,7 +164,7 @@ def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir):
     code = ("import json, sys; from test_sharding import equivalence_worker; "
             f"json.dump(equivalence_worker({data_dir!r}, {str(tmp_path / 'ckpt')!r}), "
             f"open({str(out)!r}, 'w'))")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": f"{XLA_FLAGS} --xla_force_host_platform_device_count=8",
            "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"),
                                           os.environ.get("PYTHONPATH", "")])}

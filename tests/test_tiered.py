@@ -7,6 +7,7 @@ batches share R (48 encoder rows), so the eager per-op compilations are reused a
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -174,7 +175,8 @@ def test_jitted_training_step_and_stop_gradient(params, packed):
     """Under jit with dropout on, the conflict loss reaches no state head parameter."""
     model = make_model()
 
-    @jax.jit
+    # -O0: XLA:CPU's LLVM optimisations dominate this one program's compile time.
+    @functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
     def grad(p, weights, key):
         def loss(p):
             out = model.apply({"params": p}, packed, deterministic=False, rngs={"dropout": key})
