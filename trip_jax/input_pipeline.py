@@ -181,9 +181,10 @@ def packing_summary(encoded: Sequence[EncodedPair], layout: Layout, batch_size: 
     name = layout.layout
     length = f"P={pack_length}" if pack_length else "T bucketed" if not layout.seq_len else (
         f"T={layout.seq_len}")
+    token_share = 100 * stats[f"{name}_token_fraction"]
     return (f"{name} ({length}), batch {batch_size}: {stats['real_tokens']:,} real tokens in "
-            f"{stats[f'{name}_tokens']:,} encoder tokens ({100 * stats[f'{name}_token_fraction']:.0f}"
-            f"%), {100 * stats[f'{name}_real_fraction']:.0f}% real rows, "
+            f"{stats[f'{name}_tokens']:,} encoder tokens ({token_share:.0f}%), "
+            f"{100 * stats[f'{name}_real_fraction']:.0f}% real rows, "
             f"{len(stats[f'{name}_shapes'])} batch shapes")
 
 

@@ -180,7 +180,6 @@ class _Demands:
 
     def __init__(self, encoded_pairs: Sequence[EncodedPair], pack_length: int,
                  dedup_rows: bool = False):
-        self.pairs = encoded_pairs
         self.pack_length = pack_length
         self.dedup_rows = dedup_rows
         self.per_pair = np.asarray([pair_demand(p, dedup_rows) for p in encoded_pairs],

@@ -70,8 +70,8 @@ class TieredConfig:
     ``cells`` says where the state heads and the detector run. "grid": on every (B, 2, E, S)
     cell and every (story, entity) track of the batch. "real": the heads on the encoder rows
     only, plus one row holding the padding vector, and the detector on the tracks the batch's
-    ``track_index`` names (every track without it), plus one all-padding track; padding cells and tracks take that extra
-    row's and track's results. The outputs are the same arrays with the same numbers as
+    ``track_index`` names (every track without it), plus one all-padding track; padding cells
+    and tracks take that extra row's and track's results. The outputs are the same arrays with the same numbers as
     "grid" in deterministic mode (every padding cell has the same input, so it has the same
     result); with dropout on, all padding cells share one dropout draw (and all padding tracks
     one), where "grid" draws one per cell. Both build the same parameters.
