@@ -77,12 +77,18 @@ def test_whole_loop_logs_checkpoints_and_reports(full_run):
     workdir, result = full_run
     log = read_log(workdir)
     splits = {r["split"] for r in log}
-    assert splits == {"train", "dev_holdout", "test"}
+    assert splits == {"train", "dev_holdout", "test", "wall_time"}
+    wall = [r for r in log if r["split"] == "wall_time"]
+    assert len(wall) == 1 and wall[0]["seconds"] > 0
+    assert log[-1]["split"] == "wall_time"  # written last, after the test reports
     train_steps = [r["step"] for r in log if r["split"] == "train"]
     assert train_steps == [2, 4, 6, 8]
     assert all(np.isfinite(r["loss/total"]) for r in log if r["split"] == "train")
-    # Selection after each of the 2 epochs; test for both best checkpoints.
-    assert [r["step"] for r in log if r["split"] == "dev_holdout"] == [4, 8]
+    # Selection after each of the 2 epochs (reference rule: the score is the verifiability);
+    # test for both best checkpoints.
+    held_out = [r for r in log if r["split"] == "dev_holdout"]
+    assert [r["step"] for r in held_out] == [4, 8]
+    assert all(r["selection_score"] == r["verifiability"] for r in held_out)
     assert sorted(r["checkpoint"] for r in log if r["split"] == "test") == [
         "best_accuracy", "best_verifiability"]
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
