@@ -44,8 +44,8 @@ def usage_error(argv: list[str], capsys) -> str:
     ("--config.train.num_epochs=1.5", "train.num_epochs takes an int, default 2"),
     ("--config.train.prng_impl=rgb", "train.prng_impl: unknown value 'rgb'; did you mean 'rbg'?"),
     ("--config.model.dtype=bfloat61", "did you mean 'bfloat16'?"),
-    ("--config=configs/tiny.py:omit_stry", "unknown loss preset or mode 'omit_stry'; did you mean "
-                                           "'omit_story'?"),
+    ("--config=configs/tiny.py:omit_stry",
+     "unknown loss preset, model preset or mode 'omit_stry'; did you mean 'omit_story'?"),
     ("--config=configs/tny.py", "configs/tny.py does not exist; did you mean "
                                 "--config=configs/tiny.py?"),
     ("--split=tset", "did you mean 'test'?"),
