@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from configs import base, minilm, roberta, tiny
-from trip_jax import checkpoints, evaluate, predict, run_summary, schema, selection, train
+from trip_jax import (checkpoints, evaluate, metrics, predict, run_summary, schema, selection,
+                      train)
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -69,7 +70,7 @@ def test_the_coherent_run_selects_and_reports_both_decodings(coherent_run):
     workdir, config, result = coherent_run
     assert result["decoding"] == "coherent"
     for method in ("reference", "coherent"):
-        tiers = [result[f"{method}/{key}"] for key in evaluate.TIER_METRICS]
+        tiers = [result[f"{method}/{key}"] for key in metrics.TIER_METRICS]
         assert 1 >= tiers[0] >= tiers[1] >= tiers[2] >= 0
     assert result["accuracy"] == result["coherent/accuracy"]
     log = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]

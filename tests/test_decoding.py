@@ -211,7 +211,7 @@ def test_both_decodings_are_scored_side_by_side(seed):
     scores, decoded, outcomes = evaluate.decoded_scores(arrays, COHERENT)
     assert scores["decoding"] == "coherent"
     for method in decoding.DECODINGS:
-        tiers = [scores[f"{method}/{key}"] for key in evaluate.TIER_METRICS]
+        tiers = [scores[f"{method}/{key}"] for key in metrics.TIER_METRICS]
         assert tiers[0] >= tiers[1] >= tiers[2]
         assert set(outcomes[method]) >= {"correct", "consistent", "verifiable"}
     assert scores["accuracy"] == scores["coherent/accuracy"]

@@ -94,9 +94,6 @@ def scalar_metrics(scores: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(scores[k]) for k in keys}
 
 
-TIER_METRICS: tuple[str, ...] = ("accuracy", "consistency", "verifiability")
-
-
 def decoded_scores(arrays: Mapping[str, np.ndarray], config: decoding.DecodingConfig
                    ) -> tuple[dict[str, Any], decoding.Decoded, dict[str, dict]]:
     """Scores eval-step outputs of N pairs under ``config``'s decoding and, side by side, under
@@ -109,7 +106,7 @@ def decoded_scores(arrays: Mapping[str, np.ndarray], config: decoding.DecodingCo
         tiered = metrics.TieredArrays.from_mapping({**arrays, **decoded.predictions()})
         result = metrics.tiered_metrics(tiered)
         outcomes[method] = metrics.pair_outcomes(tiered)
-        scores.update({f"{method}/{key}": result[key] for key in TIER_METRICS})
+        scores.update({f"{method}/{key}": result[key] for key in metrics.TIER_METRICS})
         if method == config.method:
             chosen = decoded
             scores = {**result, **scores}

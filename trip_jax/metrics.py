@@ -53,10 +53,12 @@ import numpy as np
 from trip_jax import schema
 
 THRESHOLD = 0.5
+# The three tiers, in the paper's order (reported per decoding and summarised over runs).
+TIER_METRICS: tuple[str, ...] = ("accuracy", "consistency", "verifiability")
 # The scalar entries of ``tiered_metrics``: logged, kept in checkpoint metadata, averaged with
 # their spread by the random baseline.
-SCALAR_METRICS: tuple[str, ...] = ("accuracy", "consistency", "verifiability", "precondition_f1",
-                                   "effect_f1", "conflict_f1", "conflict_f1_positive")
+SCALAR_METRICS: tuple[str, ...] = (*TIER_METRICS, "precondition_f1", "effect_f1", "conflict_f1",
+                                   "conflict_f1_positive")
 
 
 @dataclasses.dataclass(frozen=True)

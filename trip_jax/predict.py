@@ -238,8 +238,7 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
         evaluator = evaluate.Evaluator(
             evaluate.checkpoint_eval_step(restored), [pairs[x] for x in keep],
             [encoded[x] for x in keep], layout, config.train.eval_batch_size, restored.mesh,
-            desc="predict",
-            decoding_config=decoding_config)
+            desc="predict")
         predictions = evaluator.predict(restored.params)
         decoded = decoding.decode(predictions.arrays, decoding_config)
         predictions = evaluate.Predictions({**predictions.arrays, **decoded.predictions()},

@@ -21,7 +21,8 @@ from typing import Any
 
 from etils import epath
 
-TIERS: tuple[str, ...] = ("accuracy", "consistency", "verifiability")
+from trip_jax.metrics import TIER_METRICS
+
 STATE_F1: tuple[str, ...] = ("precondition_f1", "effect_f1")
 
 
@@ -40,7 +41,7 @@ def read_run(run_dir: epath.PathLike) -> dict[str, Any]:
     config = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
     methods = sorted({k.split("/")[0] for k in scores if k.endswith("/accuracy")}) or [
         scores.get("decoding", "reference")]
-    test = {m: {t: scores.get(f"{m}/{t}", scores[t]) for t in TIERS} for m in methods}
+    test = {m: {t: scores.get(f"{m}/{t}", scores[t]) for t in TIER_METRICS} for m in methods}
     step = report.get("checkpoint_step")
     held_out = next((r for r in log if r["step"] == step and "verifiability" in r
                      and r["split"] != "test"), {})
@@ -49,7 +50,7 @@ def read_run(run_dir: epath.PathLike) -> dict[str, Any]:
         "decoding": scores.get("decoding", "reference"), "step": step,
         "epoch": report.get("epoch"),
         "test": test, **{k: scores[k] for k in STATE_F1},
-        "held_out": {t: held_out.get(t) for t in TIERS},
+        "held_out": {t: held_out.get(t) for t in TIER_METRICS},
         "wall_seconds": sum(r["seconds"] for r in log if r["split"] == "wall_time") or None,
     }
 
@@ -60,7 +61,8 @@ def summarize(run_dirs: Sequence[epath.PathLike]) -> dict[str, Any]:
         raise ValueError("no run directories given")
     runs = [read_run(d) for d in run_dirs]
     methods = sorted(set.intersection(*(set(r["test"]) for r in runs)))
-    spread = {m: {t: _spread([r["test"][m][t] for r in runs]) for t in TIERS} for m in methods}
+    spread = {m: {t: _spread([r["test"][m][t] for r in runs]) for t in TIER_METRICS}
+              for m in methods}
     for key in STATE_F1:
         spread.setdefault("states", {})[key] = _spread([r[key] for r in runs])
     return {"runs": runs, "spread": spread, "decoding": runs[0]["decoding"]}
@@ -86,7 +88,7 @@ def markdown(summary: dict[str, Any]) -> str:
     for r in runs:
         for m in methods:
             t = r["test"][m]
-            held = " / ".join(_pct(r["held_out"][k]) for k in TIERS)
+            held = " / ".join(_pct(r["held_out"][k]) for k in TIER_METRICS)
             wall = "–" if r["wall_seconds"] is None else f"{r['wall_seconds']:.0f}"
             lines.append(f"| {r['run']} | {r['seed']} | {r['step']} ({r['epoch']:.0f}) | {m} "
                          f"| {_pct(t['accuracy'])} | {_pct(t['consistency'])} "
@@ -95,7 +97,7 @@ def markdown(summary: dict[str, Any]) -> str:
     lines += ["", "| decoding | accuracy | consistency | verifiability |", "|---|---|---|---|"]
     for m in methods:
         cells = [f"{_pct(s['mean'])} ({_pct(s['min'])}–{_pct(s['max'])})"
-                 for s in (spread[m][t] for t in TIERS)]
+                 for s in (spread[m][t] for t in TIER_METRICS)]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     states = spread["states"]
     lines += ["", "State macro-F1 (decoded states), mean (min–max): precondition "
