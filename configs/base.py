@@ -110,13 +110,19 @@ def parse_argument(argument: str | None, default_mode: str, default_preset: str 
             chosen.get("loss preset", PRESET_LOSSES[preset]))
 
 
+def get_key(config: ml_collections.ConfigDict, dotted: str) -> object:
+    """The value of one dotted key ("model.tiered.cells") of ``config``."""
+    node = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
 def set_keys(config: ml_collections.ConfigDict, values: dict[str, object]) -> None:
     """Sets every dotted key of ``values`` ("model.tiered.cells": ...) in ``config``."""
     for dotted, value in values.items():
-        *parents, key = dotted.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
+        parent, _, key = dotted.rpartition(".")
+        node = get_key(config, parent) if parent else config
         node[key] = value
 
 
@@ -129,14 +135,8 @@ def apply_reference_mode(config: ml_collections.ConfigDict, mode: str) -> None:
 
 def reference_mode(config: ml_collections.ConfigDict) -> str:
     """The mode whose every key ``config`` has ("exact", "clean"), else "mixed"."""
-    def get(dotted):
-        node = config
-        for part in dotted.split("."):
-            node = node[part]
-        return node
-
     for mode, values in REFERENCE_MODES.items():
-        if all(get(k) == v for k, v in values.items()):
+        if all(get_key(config, k) == v for k, v in values.items()):
             return mode
     return "mixed"
 

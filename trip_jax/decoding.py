@@ -125,12 +125,11 @@ def contradiction_scores(pre_logprob: np.ndarray, eff_logprob: np.ndarray,
                          config: DecodingConfig) -> np.ndarray:
     """Scores of every candidate contradiction of one story.
 
-    ``pre_logprob``/``eff_logprob`` [E, S, 20, C] log-probabilities, ``conflict_logits`` [E, S],
-    ``row_mask`` bool [E, S]. Returns [E, S(i), S(j), len(BINARY_ATTRIBUTES), 2 directions],
+    ``pre_logprob``/``eff_logprob`` [E, S, B, C] log-probabilities of the ``BINARY_ATTRIBUTES``,
+    ``conflict_logits`` [E, S], ``row_mask`` bool [E, S]. Returns [E, S(i), S(j), len(BINARY_ATTRIBUTES), 2 directions],
     -inf where i >= j or either row is padding.
     """
-    eff = eff_logprob[:, :, BINARY_ATTRIBUTES]  # [E, S, B, C]
-    pre = pre_logprob[:, :, BINARY_ATTRIBUTES]
+    eff, pre = eff_logprob, pre_logprob  # [E, S, B, C]
     eff_v = np.stack([eff[..., v] for v, _ in DIRECTIONS], axis=-1)  # [E, S, B, 2]
     pre_w = np.stack([pre[..., w] for _, w in DIRECTIONS], axis=-1)
     score = eff_v[:, :, None] + pre_w[:, None, :]  # [E, i, j, B, 2]
@@ -182,7 +181,9 @@ def coherent_pair(outputs: Mapping[str, np.ndarray], config: DecodingConfig
     """Decodes one pair (arrays [2, E, S, ...] without the pair axis): returns the plausible
     story and the implausible story's best backed contradiction (module docstring)."""
     mask = np.asarray(outputs["row_mask"], bool)
-    pre, eff = log_softmax(outputs["pre_logits"]), log_softmax(outputs["eff_logits"])
+    # Only the binary attributes can back a contradiction.
+    pre, eff = (log_softmax(np.asarray(outputs[key])[..., BINARY_ATTRIBUTES, :])
+                for key in ("pre_logits", "eff_logits"))
     scores = [contradiction_scores(pre[k], eff[k], outputs["conflict_logits"][k], mask[k], config)
               for k in (0, 1)]
     evidence = [story_evidence(s) for s in scores]

@@ -104,8 +104,7 @@ def decoded_scores(arrays: Mapping[str, np.ndarray], config: decoding.DecodingCo
     for method in decoding.DECODINGS:
         decoded = decoding.decode(arrays, dataclasses.replace(config, method=method))
         tiered = metrics.TieredArrays.from_mapping({**arrays, **decoded.predictions()})
-        result = metrics.tiered_metrics(tiered)
-        outcomes[method] = metrics.pair_outcomes(tiered)
+        result, outcomes[method] = metrics.scored_pairs(tiered)
         scores.update({f"{method}/{key}": result[key] for key in metrics.TIER_METRICS})
         if method == config.method:
             chosen = decoded

@@ -292,21 +292,28 @@ def _state_contribution(a: dict[str, np.ndarray], outcomes: dict[str, np.ndarray
 
 
 def tiered_metrics(arrays: TieredArrays) -> dict[str, Any]:
-    """Scores tiered predictions with TRIP's metrics (definitions in the module docstring).
+    """Scores tiered predictions with TRIP's metrics (definitions in the module docstring); the
+    metrics of ``scored_pairs``."""
+    return scored_pairs(arrays)[0]
+
+
+def scored_pairs(arrays: TieredArrays) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Scores tiered predictions with TRIP's metrics and returns (metrics, ``pair_outcomes``),
+    both from one pass over the arrays.
 
     Args:
       arrays: the gold labels and predictions of N pairs (``TieredArrays``).
 
     Returns:
-      A dict: ``num_pairs``; ``accuracy``, ``consistency``, ``verifiability`` (fractions);
+      (metrics, outcomes). metrics: ``num_pairs``; ``accuracy``, ``consistency``, ``verifiability`` (fractions);
       ``precondition_f1``, ``effect_f1`` (macro, averaged over attributes) and
       ``precondition_f1_per_attribute``, ``effect_f1_per_attribute`` ({attribute: F1});
       ``conflict_f1``, ``conflict_f1_positive``; ``failure_modes`` (8 dicts with ``story``,
       ``conflict``, ``states`` booleans, ``count``, ``fraction``); ``tier_losses`` (where pairs
       are lost tier by tier, and the wrong attributes of consistent-but-not-verifiable pairs:
       ``_tier_losses``); ``state_contribution``
-      ({attribute: {correct, in_detected_conflicts, share, f1}}). Per-pair results:
-      ``pair_outcomes``.
+      ({attribute: {correct, in_detected_conflicts, share, f1}}). outcomes: the per-pair
+      results (``pair_outcomes``).
     """
     a = _as_arrays(arrays)
     outcomes = _pair_outcomes(a)
@@ -315,7 +322,7 @@ def tiered_metrics(arrays: TieredArrays) -> dict[str, Any]:
     eff_f1 = _state_f1(a["eff_label"], a["eff_pred"], mask)
     conflict_true = a["conflict_label"][mask]
     conflict_pred = a["conflict_prob"][mask] >= THRESHOLD
-    return {
+    scores = {
         "num_pairs": int(mask.shape[0]),
         "accuracy": float(outcomes["correct"].mean()),
         "consistency": float(outcomes["consistent"].mean()),
@@ -330,3 +337,4 @@ def tiered_metrics(arrays: TieredArrays) -> dict[str, Any]:
         "tier_losses": _tier_losses(outcomes),
         "state_contribution": _state_contribution(a, outcomes, pre_f1, eff_f1),
     }
+    return scores, outcomes

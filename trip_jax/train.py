@@ -343,6 +343,7 @@ class RunSetup:
     hf_config: Any
     ckpts: checkpoints.RunCheckpoints
     log: MetricLog
+    decoding: decoding.DecodingConfig  # how the selection and test evaluations decode
 
     @property
     def steps_per_epoch(self) -> int:
@@ -377,7 +378,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """
     started = time.time()
     selection.check_selection(config.train.selection, config.train.selection_window)
-    decoding.DecodingConfig.from_mapping(config.decoding)  # a bad decoding fails before training
+    decoding_config = decoding.DecodingConfig.from_mapping(config.decoding)  # fails early
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = sharding.create_mesh(config.mesh)
@@ -405,7 +406,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     ckpts = checkpoints.RunCheckpoints(str(workdir), keep=config.train.keep_checkpoints,
                                        async_save=config.train.async_checkpoints)
     log = MetricLog(workdir)
-    setup = RunSetup(config, workdir, trainer, data, hf_config, ckpts, log)
+    setup = RunSetup(config, workdir, trainer, data, hf_config, ckpts, log, decoding_config)
     try:
         try:
             state, history = _initial_state(setup, encoder_params)
@@ -458,7 +459,7 @@ class TrainLoop:
         self.selection = evaluate.Evaluator(
             trainer.eval_step, data.splits.selection, data.selection, data.layout,
             setup.config.train.eval_batch_size, trainer.mesh,
-            decoding_config=decoding.DecodingConfig.from_mapping(setup.config.decoding))
+            decoding_config=setup.decoding)
         self.bar = None
 
     def run(self) -> None:
@@ -557,7 +558,7 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
     tester = evaluate.Evaluator(
         setup.trainer.eval_step, splits.test, data.test, data.layout,
         config.train.eval_batch_size, setup.trainer.mesh, explain=True,
-        decoding_config=decoding.DecodingConfig.from_mapping(config.decoding))
+        decoding_config=setup.decoding)
     results, scored_steps = {}, {}
     for kind, subdir in ((checkpoints.BEST_VERIFIABILITY, ""),
                          (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)):
