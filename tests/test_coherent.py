@@ -44,7 +44,10 @@ def test_selection_rules():
     assert selection.selection_score(history, "verifiability", 2) == 0.0
     assert selection.selection_score(history, "smoothed", 2) == pytest.approx(0.35)
     assert selection.selection_score(history, "smoothed", 1) == pytest.approx(0.4)
-    assert selection.selection_score(history[:1], "smoothed", 3) == pytest.approx(0.3)
+    # A partial window ranks below every full one, and partial windows still rank by their mean.
+    assert selection.selection_score(history[:1], "smoothed", 3) == pytest.approx(0.3 - 2)
+    assert selection.selection_score(history[:1], "smoothed", 2) < selection.selection_score(
+        [{"consistency": 0.0, "verifiability": 0.0}] * 2, "smoothed", 2)
     with pytest.raises(ValueError, match="unknown train.selection"):
         selection.selection_score(history, "best", 2)
     with pytest.raises(ValueError, match="selection_window"):
