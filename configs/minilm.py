@@ -10,19 +10,22 @@ Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data): one
 
   python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
 
-Expected result (test accuracy / consistency / verifiability, %, mean (min-max) over seeds 22
-and 23; results/minilm_coherent/summary.md): 77.4 (76.1-78.6) / 49.3 (49.0-49.6) /
-17.0 (13.1-20.8) (random baseline 50.7 / 5.0 / 0.0; paper, RoBERTa-large trained on 799 pairs:
-72.9 / 19.1 / 9.1). Wall time: 81 min per run with two runs sharing the 2 cores (a run alone
-was not timed; docs/results.md).
+Expected result (test accuracy / consistency / verifiability, %, mean (min-max) over seeds 22,
+23 and 24; results/minilm_coherent/summary.md): 77.2 (76.6-77.5) / 48.1 (45.9-49.6) /
+13.4 (9.7-17.9) (random baseline 50.7 / 5.0 / 0.0; paper, RoBERTa-large trained on 799 pairs:
+72.9 / 19.1 / 9.1). Floating-point results differ between CPUs, so a run on another machine
+gives other numbers of this spread. Wall time: 9.4 min for one run alone on a 2-core CPU.
 
 It runs the ``coherent`` preset (configs/base.py PRESETS). What each option does and its
-measured effect (docs/results.md, "Ablation"):
+measured effect (docs/results.md, "Ablation"; seed 22, test, against the preset's
+76.6 / 45.9 / 17.9):
 - decoding.method=coherent: story, conflicting pair and backing states decoded jointly; the
-  same outputs decoded as the reference does score 68.4 / 14.0 / 5.8;
+  same outputs decoded as the reference does score 70.3 / 17.3 / 5.2 (mean of the 3 seeds);
+- train.selection=smoothed with full windows: the reference rule picks epoch 1 at seed 22
+  (70.7 / 37.6 / 12.3);
 - model.tiered.state_transitions, story_score=max, detector_layers=1,
   loss.conflict_positive_weight=3, the ``all`` loss preset, train.head_learning_rate=2e-3 with
-  warmup_linear, train.selection=smoothed: not yet measured one at a time (docs/results.md).
+  warmup_linear: no effect beyond the preset's own seed spread at one seed (docs/results.md).
 Here also: learning rate 1e-4, 4 epochs, prng_impl=rbg (faster dropout masks on CPU).
 
 ``configs/minilm.py:reference`` runs the paper's model on MiniLM (lr 5e-5, 10 epochs); with it no
