@@ -25,7 +25,8 @@ measured effect (docs/results.md, "Ablation"; seed 22, test, against the preset'
   (70.7 / 37.6 / 12.3);
 - model.tiered.state_transitions, story_score=max, detector_layers=1,
   loss.conflict_positive_weight=3, the ``all`` loss preset, train.head_learning_rate=2e-3 with
-  warmup_linear: no effect beyond the preset's own seed spread at one seed (docs/results.md).
+  warmup_linear: no effect that one seed (22, and 24 for two of them) can tell from noise, in
+  either direction (docs/results.md).
 Here also: learning rate 1e-4, 4 epochs, prng_impl=rbg (faster dropout masks on CPU).
 
 ``configs/minilm.py:reference`` runs the paper's model on MiniLM (lr 5e-5, 10 epochs); with it no
