@@ -23,9 +23,9 @@ def scored():
     story_pred = np.array([0, 1])
     args = metrics.TieredArrays(story_label, story_pred, conflict, conflict * 0.8, pre, pre, eff,
                                 eff)
-    outcomes = metrics.pair_outcomes(args)
+    scores, outcomes = metrics.scored_pairs(args)
     records = [{"pair_id": f"p{n}", **metrics.outcome_record(outcomes, n)} for n in range(2)]
-    return metrics.tiered_metrics(args), records
+    return scores, records
 
 
 def test_write_report_writes_every_file(tmp_path):

@@ -111,9 +111,9 @@ def scored_pairs():
     pre = np.zeros((2, 2, E, S, A), dtype=np.int32)
     args = metrics.TieredArrays(np.array([0, 0]), np.array([0, 1]), conflict, conflict * 0.8,
                                 pre, pre, pre, pre)
-    outcomes = metrics.pair_outcomes(args)
+    scores, outcomes = metrics.scored_pairs(args)
     records = [{"pair_id": f"p{n}", **metrics.outcome_record(outcomes, n)} for n in range(2)]
-    return metrics.tiered_metrics(args), records
+    return scores, records
 
 
 def test_report_files(fake_gcs):

@@ -120,16 +120,15 @@ def _log_sigmoid(x: np.ndarray) -> np.ndarray:
     return -np.logaddexp(0.0, -np.asarray(x, dtype=np.float64))
 
 
-def contradiction_scores(pre_logprob: np.ndarray, eff_logprob: np.ndarray,
+def contradiction_scores(pre: np.ndarray, eff: np.ndarray,
                          conflict_logits: np.ndarray, row_mask: np.ndarray,
                          config: DecodingConfig) -> np.ndarray:
     """Scores of every candidate contradiction of one story.
 
-    ``pre_logprob``/``eff_logprob`` [E, S, B, C] log-probabilities of the ``BINARY_ATTRIBUTES``,
-    ``conflict_logits`` [E, S], ``row_mask`` bool [E, S]. Returns [E, S(i), S(j), len(BINARY_ATTRIBUTES), 2 directions],
-    -inf where i >= j or either row is padding.
+    ``pre``/``eff`` [E, S, B, C] log-probabilities of the ``BINARY_ATTRIBUTES``,
+    ``conflict_logits`` [E, S], ``row_mask`` bool [E, S]. Returns [E, S(i), S(j),
+    len(BINARY_ATTRIBUTES), 2 directions], -inf where i >= j or either row is padding.
     """
-    eff, pre = eff_logprob, pre_logprob  # [E, S, B, C]
     eff_v = np.stack([eff[..., v] for v, _ in DIRECTIONS], axis=-1)  # [E, S, B, 2]
     pre_w = np.stack([pre[..., w] for _, w in DIRECTIONS], axis=-1)
     score = eff_v[:, :, None] + pre_w[:, None, :]  # [E, i, j, B, 2]

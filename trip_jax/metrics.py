@@ -305,8 +305,8 @@ def scored_pairs(arrays: TieredArrays) -> tuple[dict[str, Any], dict[str, np.nda
       arrays: the gold labels and predictions of N pairs (``TieredArrays``).
 
     Returns:
-      (metrics, outcomes). metrics: ``num_pairs``; ``accuracy``, ``consistency``, ``verifiability`` (fractions);
-      ``precondition_f1``, ``effect_f1`` (macro, averaged over attributes) and
+      (metrics, outcomes). metrics: ``num_pairs``; ``accuracy``, ``consistency``,
+      ``verifiability`` (fractions); ``precondition_f1``, ``effect_f1`` (macro, averaged over attributes) and
       ``precondition_f1_per_attribute``, ``effect_f1_per_attribute`` ({attribute: F1});
       ``conflict_f1``, ``conflict_f1_positive``; ``failure_modes`` (8 dicts with ``story``,
       ``conflict``, ``states`` booleans, ``count``, ``fraction``); ``tier_losses`` (where pairs
