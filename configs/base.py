@@ -71,6 +71,10 @@ PRESETS: dict[str, dict[str, object]] = {
     "coherent": {
         # Story, conflicting pair and backing states decoded jointly (trip_jax/decoding.py).
         "decoding.method": "coherent",
+        # A state is asserted at probability >= 0.5 only, and an object named twice in a story
+        # gets its states under one name (trip_jax/decoding.py).
+        "decoding.state_threshold": 0.5,
+        "decoding.alias_states": True,
         # Evidence of contradicting predicted states into the detector, with a direct path.
         "model.tiered.state_transitions": True,
         # A story's score is its strongest conflict belief, not the sum over its cells.
@@ -264,7 +268,8 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean",
     # (each tier on its own, the paper's) | "coherent" (story, conflicting pair and the states
     # behind it decoded jointly). Reports show both decodings side by side.
     config.decoding = ml_collections.ConfigDict(dict(
-        method="reference", conflict_weight=0.0, persistence=True))
+        method="reference", conflict_weight=0.0, persistence=True, state_threshold=0.0,
+        alias_states=False))
 
     # Device mesh: "data" splits the batch, "fsdp" shards large parameters (and the batch too).
     # -1: all devices not used by the other axis.

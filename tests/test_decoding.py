@@ -244,10 +244,83 @@ def test_the_explanation_names_the_backing_states():
                              backing=moved)
 
 
+def test_a_state_below_the_threshold_is_not_asserted_but_the_backing_always_is():
+    eff = confident({(1, 0, 1, POWER): TRUE})
+    pre = confident({(1, 0, 3, POWER): FALSE})
+    # Sentence 2 of story 1: entity 1 is open with probability 0.4 (argmax over 3 classes).
+    eff[1, 1, 2, OPEN, :3] = np.log([0.3, 0.3, 0.4])
+    # The backing effect itself is a weak belief (0.45): it is decoded all the same.
+    eff[1, 0, 1, POWER, :3] = np.log([0.3, 0.25, 0.45])
+    arrays = pair(pre_logits=pre, eff_logits=eff)
+    arrays["eff_pred"] = eff.argmax(-1)[None]
+    argmax = decoding.decode(arrays, COHERENT)
+    assert argmax.eff_pred[0, 1, 1, 2, OPEN] == TRUE
+    thresholded = decoding.decode(arrays, dataclasses.replace(COHERENT, state_threshold=0.5))
+    assert thresholded.eff_pred[0, 1, 1, 2, OPEN] == 0
+    found = assert_backed(thresholded)
+    assert (found.entity, found.evidence, found.breakpoint) == (0, 1, 3)
+    # Above the threshold nothing changes.
+    kept = decoding.decode(arrays, dataclasses.replace(COHERENT, state_threshold=0.35))
+    assert kept.eff_pred[0, 1, 1, 2, OPEN] == TRUE
+    # The reference decoding ignores the decoding options.
+    reference = decoding.decode(arrays, dataclasses.replace(DecodingConfig(), state_threshold=0.5))
+    assert reference.eff_pred[0, 1, 1, 2, OPEN] == TRUE
+
+
+def test_alias_groups_join_names_inside_one_another():
+    groups = decoding.alias_groups(["TV", "John's tv", "John", "remote", "John TV", ""])
+    # "john" is inside "john's tv", so John joins the TV group; the empty name stays alone.
+    assert groups.tolist() == [0, 0, 0, 3, 0, 5]
+    assert decoding.alias_groups(["cup", "plate"]).tolist() == [0, 1]
+    padded = decoding.alias_array([[["TV", "tv stand"], ["lamp"]]], entities=3)
+    assert padded.tolist() == [[[0, 0, 2], [0, 1, 2]]]
+
+
+def test_an_object_named_twice_keeps_its_states_under_its_most_probable_name():
+    eff = confident({(1, 0, 1, POWER): TRUE, (1, 1, 1, POWER): TRUE, (1, 1, 2, OPEN): TRUE,
+                     (0, 0, 1, POWER): TRUE, (0, 1, 1, POWER): TRUE})
+    eff[1, 1, 1, POWER, TRUE] = 9.0  # entity 1 is surer of it
+    pre = confident({(1, 0, 3, POWER): FALSE})
+    arrays = pair(pre_logits=pre, eff_logits=eff)
+    arrays[decoding.ALIAS_KEY] = np.array([[[0, 1], [0, 0]]])  # aliases in story 1 only
+    config = dataclasses.replace(COHERENT, alias_states=True)
+    decoded = decoding.decode(arrays, config)
+    found = assert_backed(decoded)
+    # Story 1: the backing cell (entity 0) is kept although its alias is surer; entity 1 keeps
+    # its own surer state and its state no alias shares.
+    assert (found.story, found.entity) == (1, 0)
+    assert decoded.eff_pred[0, 1, 0, 1, POWER] == TRUE
+    assert decoded.eff_pred[0, 1, 1, 1, POWER] == TRUE
+    assert decoded.eff_pred[0, 1, 1, 2, OPEN] == TRUE
+    # Away from the backing cells, the less probable name loses its state: at sentence 2 both
+    # names are open, entity 0 the surer.
+    eff2 = eff.copy()
+    eff2[1, 0, 2, OPEN] = eff[1, 1, 2, OPEN]
+    eff2[1, 0, 2, OPEN, TRUE] = 9.0
+    arrays2 = pair(pre_logits=pre, eff_logits=eff2)
+    arrays2[decoding.ALIAS_KEY] = arrays[decoding.ALIAS_KEY]
+    decoded2 = decoding.decode(arrays2, config)
+    assert decoded2.eff_pred[0, 1, 0, 2, OPEN] == TRUE
+    assert decoded2.eff_pred[0, 1, 1, 2, OPEN] == 0
+    assert decoding.decode(arrays2, COHERENT).eff_pred[0, 1, 1, 2, OPEN] == TRUE
+    # Story 0 has no aliases: both names keep their states.
+    assert decoded.eff_pred[0, 0, 0, 1, POWER] == decoded.eff_pred[0, 0, 1, 1, POWER] == TRUE
+    with pytest.raises(KeyError, match="alias_states needs"):
+        decoding.decode(pair(pre_logits=pre, eff_logits=eff), config)
+
+
+def test_configs_without_the_state_options_read_as_their_defaults():
+    old = {"method": "coherent", "conflict_weight": 0.0, "persistence": True}
+    assert DecodingConfig.from_mapping(old) == COHERENT
+
+
 def test_bad_decoding_settings_are_refused():
     with pytest.raises(ValueError, match="unknown decoding"):
         DecodingConfig(method="joint")
     with pytest.raises(ValueError, match="conflict_weight"):
         DecodingConfig(method="coherent", conflict_weight=-1)
+    for threshold in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="state_threshold"):
+            DecodingConfig(method="coherent", state_threshold=threshold)
     with pytest.raises(KeyError, match="coherent decoding needs"):
         decoding.decode({"story_pred": np.zeros(1)}, COHERENT)

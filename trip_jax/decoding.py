@@ -24,11 +24,20 @@ the batch contract's names) and return the four predictions the metrics score: `
   contradictions (log-sum-exp of their scores): the sentences both stories share give both the
   same candidates, which then cannot decide between them, so the choice rests on what differs.
   The implausible story is the one with the stronger evidence; the conflicting pair is the
-  (i, j) of its best backed contradiction; the states are each head's argmax except the
-  two backing cells, which take the contradiction's values (so the predicted conflict is always
-  backed by the predicted states that the metrics score). The decoded beliefs are 1 at sentences
+  (i, j) of its best backed contradiction; the states are each head's argmax (read with the
+  two state options below) except the two backing cells, which take the contradiction's values
+  (so the predicted conflict is always backed by the predicted states that the metrics score). The decoded beliefs are 1 at sentences
   i and j of story k for every entity with a non-zero decoded state at i or j (the rule by which
   the gold conflict labels are made; the backing entity is always one) and 0 elsewhere.
+
+  Two options read the states themselves (off by default; the ``coherent`` preset turns both
+  on): ``state_threshold`` asserts a state only when the head gives its class at least that
+  probability (below it the cell decodes to 0, "unknown": a 30% guess among 9 location classes
+  is no explanation); ``alias_states`` gives an object named twice in a story (one entity name
+  inside the other, e.g. "TV" and "John's TV") its nontrivial states under one name only: at
+  each sentence and attribute, the name whose prediction is most probable keeps it (the data
+  annotates a state under one of the names, almost never under both). The backing cells are
+  set after both, so a decoded conflict stays backed.
 
   Ties are broken deterministically: within a story, the first best contradiction in the order
   (entity, evidence i, breakpoint j, attribute, value false-then-true) wins; when both stories
@@ -40,7 +49,8 @@ the batch contract's names) and return the four predictions the metrics score: `
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +60,9 @@ from trip_jax import schema
 DECODINGS: tuple[str, ...] = ("reference", "coherent")
 # The outputs decoding reads beyond the reference predictions (the eval step returns them).
 LOGIT_KEYS: tuple[str, ...] = ("pre_logits", "eff_logits", "conflict_logits")
+# int [N, 2, E]: each entity's alias group (``alias_groups``), added by the evaluator; read by
+# coherent decoding with ``alias_states``.
+ALIAS_KEY = "entity_alias"
 FALSE, TRUE = 1, 2  # class indices of a binary attribute (0 is "unknown")
 # Binary attributes: 3 classes and not a location; candidates of a contradiction.
 BINARY_ATTRIBUTES: np.ndarray = np.asarray(
@@ -66,21 +79,30 @@ class DecodingConfig:
     method: str = "reference"      # "reference" | "coherent" (module docstring)
     conflict_weight: float = 0.0   # coherent: weight of the detector's log-beliefs
     persistence: bool = True       # coherent: no effect in between may undo the evidence
+    state_threshold: float = 0.0   # coherent: a state needs this probability (0: the argmax)
+    alias_states: bool = False     # coherent: an object named twice has its states once
 
     def __post_init__(self):
         if self.method not in DECODINGS:
             raise ValueError(f"unknown decoding {self.method!r}; expected one of {DECODINGS}")
         if self.conflict_weight < 0:
             raise ValueError(f"decoding.conflict_weight must be >= 0, got {self.conflict_weight}")
+        if not 0.0 <= self.state_threshold < 1.0:
+            raise ValueError("decoding.state_threshold must be in [0, 1), got "
+                             f"{self.state_threshold}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> "DecodingConfig":
         """From ``config.decoding`` (None: the reference decoding)."""
         if values is None:
             return cls()
+        defaults = cls()
         return cls(method=str(values["method"]),
                    conflict_weight=float(values["conflict_weight"]),
-                   persistence=bool(values["persistence"]))
+                   persistence=bool(values["persistence"]),
+                   state_threshold=float(values.get("state_threshold",
+                                                    defaults.state_threshold)),
+                   alias_states=bool(values.get("alias_states", defaults.alias_states)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,10 +215,58 @@ def coherent_pair(outputs: Mapping[str, np.ndarray], config: DecodingConfig
     return plausible, best_contradiction(scores[1 - plausible], 1 - plausible)
 
 
+def alias_groups(names: Sequence[str]) -> np.ndarray:
+    """Each entity's alias group, int [len(names)]: names linked by containment (one inside the
+    other, case-insensitive; "TV" and "John's TV"), transitively, share the group of their
+    smallest index."""
+    lowered = [name.strip().lower() for name in names]
+    group = np.arange(len(names))
+    for a, b in itertools.combinations(range(len(names)), 2):
+        if lowered[a] and lowered[b] and (lowered[a] in lowered[b] or lowered[b] in lowered[a]):
+            group[group == max(group[a], group[b])] = min(group[a], group[b])
+    return group
+
+
+def alias_array(stories: Sequence[Sequence[Sequence[str]]], entities: int) -> np.ndarray:
+    """``ALIAS_KEY`` of N pairs: ``stories[n][k]`` the entity names of story k of pair n; int
+    [N, 2, entities], padding rows in groups of their own."""
+    out = np.tile(np.arange(entities), (len(stories), 2, 1))
+    for n, pair in enumerate(stories):
+        for k, names in enumerate(pair):
+            out[n, k, :len(names)] = alias_groups(names)
+    return out
+
+
+def read_states(pred: np.ndarray, logits: np.ndarray, alias: np.ndarray | None,
+                config: DecodingConfig) -> np.ndarray:
+    """One pair's states under ``state_threshold`` and ``alias_states`` (module docstring):
+    ``pred`` int [2, E, S, 20] argmax states, ``logits`` [2, E, S, 20, C], ``alias`` int [2, E]
+    (``alias_groups`` of each story; needed with ``alias_states``)."""
+    pred = np.array(pred)
+    if not config.state_threshold and not config.alias_states:
+        return pred
+    confidence = np.take_along_axis(log_softmax(logits), pred[..., None], -1)[..., 0]
+    if config.state_threshold:
+        pred[confidence < np.log(config.state_threshold)] = 0
+    if config.alias_states:
+        nontrivial = (pred != 0) & (pred != schema.default_values_array())
+        confidence = np.where(nontrivial, confidence, -np.inf)
+        for k in range(pred.shape[0]):
+            for group in np.unique(alias[k]):
+                members = np.flatnonzero(alias[k] == group)
+                if len(members) < 2:
+                    continue
+                # At each (sentence, attribute) the most probable name keeps its state.
+                keep = members[np.argmax(confidence[k, members], axis=0)]  # [S, 20]
+                drop = nontrivial[k, members] & (members[:, None, None] != keep[None])
+                pred[k, members] = np.where(drop, 0, pred[k, members])
+    return pred
+
+
 def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np.ndarray,
                         found: Contradiction | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One pair's decoded states and beliefs ([2, E, S, ...]): the argmax states with the
-    backing cells set, and beliefs 1 at i and j of the contradiction's story for every entity
+    """One pair's decoded states and beliefs ([2, E, S, ...]): the states (``read_states``) with
+    the backing cells set, and beliefs 1 at i and j of the contradiction's story for every entity
     with a non-zero decoded state there (module docstring)."""
     pre_pred, eff_pred = np.array(pre_pred), np.array(eff_pred)
     beliefs = np.zeros(row_mask.shape, np.float32)
@@ -238,13 +308,18 @@ def decode(arrays: Mapping[str, np.ndarray], config: DecodingConfig) -> Decoded:
     missing = [k for k in (*LOGIT_KEYS, "row_mask") if k not in arrays]
     if missing:
         raise KeyError(f"coherent decoding needs the eval step's {missing}")
+    if config.alias_states and ALIAS_KEY not in arrays:
+        raise KeyError(f"decoding.alias_states needs {ALIAS_KEY!r} (the evaluator adds it)")
     story, beliefs, pres, effs, found_all = [], [], [], [], []
     keys = (*LOGIT_KEYS, "row_mask", "story_pred")
     for n in range(len(arrays["story_pred"])):
         pair = {k: np.asarray(arrays[k][n]) for k in keys}
         plausible, found = coherent_pair(pair, config)
-        pre, eff, belief = apply_contradiction(arrays["pre_pred"][n], arrays["eff_pred"][n],
-                                               pair["row_mask"], found)
+        alias = np.asarray(arrays[ALIAS_KEY][n]) if config.alias_states else None
+        pre, eff, belief = apply_contradiction(
+            read_states(arrays["pre_pred"][n], pair["pre_logits"], alias, config),
+            read_states(arrays["eff_pred"][n], pair["eff_logits"], alias, config),
+            pair["row_mask"], found)
         story.append(plausible)
         beliefs.append(belief)
         pres.append(pre)

@@ -127,7 +127,8 @@ def _pad_entities(value: np.ndarray, entities: int) -> np.ndarray:
 class Predictions:
     """The eval step's outputs for every pair, pair axis first, in dataset order.
 
-    ``arrays`` holds the contract's ``PREDICTION_KEYS`` and ``PAIR_KEYS``, with E padded to the
+    ``arrays`` holds the contract's ``PREDICTION_KEYS`` and ``PAIR_KEYS``, the decoding's
+    ``LOGIT_KEYS`` and ``ALIAS_KEY`` (each entity's alias group), with E padded to the
     largest batch's; ``losses`` the mean of every loss term over the real pairs.
     """
 
@@ -238,6 +239,9 @@ class Evaluator:
             merged[key] = np.concatenate(parts)
         order = np.argsort(merged["pair_index"])
         merged = {k: v[order] for k, v in merged.items()}
+        merged[decoding.ALIAS_KEY] = decoding.alias_array(
+            [[story.entities for story in self.pairs[int(i)].stories]
+             for i in merged["pair_index"]], entities)
         return Predictions(merged, {k: v / max(real_pairs, 1) for k, v in loss_sums.items()})
 
     def run(self, params) -> Evaluation:
