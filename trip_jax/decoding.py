@@ -26,9 +26,10 @@ the batch contract's names) and return the four predictions the metrics score: `
   The implausible story is the one with the stronger evidence; the conflicting pair is the
   (i, j) of its best backed contradiction; the states are each head's argmax (read with the
   two state options below) except the two backing cells, which take the contradiction's values
-  (so the predicted conflict is always backed by the predicted states that the metrics score). The decoded beliefs are 1 at sentences
-  i and j of story k for every entity with a non-zero decoded state at i or j (the rule by which
-  the gold conflict labels are made; the backing entity is always one) and 0 elsewhere.
+  (so the predicted conflict is always backed by the predicted states that the metrics score).
+  The decoded beliefs are 1 at sentences i and j of story k for every entity with a non-zero
+  decoded state at i or j (the rule by which the gold conflict labels are made; the backing
+  entity is always one) and 0 elsewhere.
 
   Two options read the states themselves (off by default; the ``coherent`` preset turns both
   on): ``state_threshold`` asserts a state only when the head gives its class at least that
