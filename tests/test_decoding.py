@@ -319,6 +319,8 @@ def test_bad_decoding_settings_are_refused():
         DecodingConfig(method="joint")
     with pytest.raises(ValueError, match="conflict_weight"):
         DecodingConfig(method="coherent", conflict_weight=-1)
+    with pytest.raises(KeyError, match="persistance"):
+        DecodingConfig.from_mapping({"method": "coherent", "persistance": False})
     for threshold in (-0.1, 1.0):
         with pytest.raises(ValueError, match="state_threshold"):
             DecodingConfig(method="coherent", state_threshold=threshold)

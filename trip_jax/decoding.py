@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from trip_jax import schema
+from trip_jax.config_fields import dataclass_from_mapping
 
 DECODINGS: tuple[str, ...] = ("reference", "coherent")
 # The outputs decoding reads beyond the reference predictions (the eval step returns them).
@@ -94,16 +95,12 @@ class DecodingConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> "DecodingConfig":
-        """From ``config.decoding`` (None: the reference decoding)."""
+        """From ``config.decoding`` (None: the reference decoding); a misspelt key is a
+        KeyError."""
         if values is None:
             return cls()
-        defaults = cls()
-        return cls(method=str(values["method"]),
-                   conflict_weight=float(values["conflict_weight"]),
-                   persistence=bool(values["persistence"]),
-                   state_threshold=float(values.get("state_threshold",
-                                                    defaults.state_threshold)),
-                   alias_states=bool(values.get("alias_states", defaults.alias_states)))
+        # A key the config lacks (a run saved before the option existed) keeps its default.
+        return dataclass_from_mapping(cls, values)
 
 
 @dataclasses.dataclass(frozen=True)
