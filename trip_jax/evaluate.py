@@ -284,8 +284,8 @@ def model_name(config: ml_collections.ConfigDict) -> str:
 
 
 def baseline_name(seeds: int = random_baseline.SEEDS) -> str:
-    """The random baseline's row name in reports."""
-    return f"random baseline ({seeds} seeds)"
+    """The random baseline's row name in reports (``random_baseline.report_name``)."""
+    return random_baseline.report_name(seeds)
 
 
 def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:

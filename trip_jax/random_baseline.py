@@ -133,6 +133,11 @@ def random_baseline(pairs: Sequence[StoryPair], seeds: int = SEEDS,
     return result
 
 
+def report_name(seeds: int = SEEDS) -> str:
+    """The baseline's row name in reports, e.g. "random baseline (10 seeds)"."""
+    return f"random baseline ({seeds} seeds)"
+
+
 def mean_of_trees(values: list[Any]) -> Any:
     """Mean of parallel metric trees: dicts by key, lists by position, numbers averaged
     (NaN values skipped), values equal in every tree (flags, names, sizes) kept as they are."""

@@ -88,7 +88,8 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     """Returns the Markdown report: run facts, Tables 2-4 layout, failure modes, attributes.
 
     ``metadata`` keys shown when present: ``model`` (row name, default "model"),
-    ``checkpoint_step``, ``checkpoint``, ``protocol``, ``data_files`` ({path: sha256}).
+    ``checkpoint_step``, ``checkpoint``, ``protocol``, ``data_files`` ({path: sha256}),
+    ``notes`` (lines listed under "Notes", e.g. what a scored file could not give).
     ``baselines`` ({row name: metrics-like dict}) adds comparison rows, e.g. the random baseline.
     """
     name = str(metadata.get("model", "model"))
@@ -101,6 +102,8 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     lines.append(f"- pairs: {metrics['num_pairs']}")
     for path, digest in metadata.get("data_files", {}).items():
         lines.append(f"- data file `{path}` sha256 `{digest}`")
+    if metadata.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in metadata["notes"]]
     lines += ["", "## Tiered metrics (layout of Tables 2-3)", "",
               "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |",
               "|---|---:|---:|---:|"]
