@@ -19,12 +19,12 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("schema", "config_fields", "runtime", "distributed", "paths", "cli", "selection"),
     ("batch_contract",),
     ("data", "models", "metrics", "decoding", "losses", "optimizers", "explain", "reports",
-     "sharding"),
+     "sharding", "prediction_formats"),
     ("builders", "protocol", "checkpoints", "metric_log", "random_baseline", "run_summary"),
     ("input_pipeline",),
     ("evaluate",),
     ("train", "predict"),
-    ("main",),
+    ("main", "score"),
     ("benchmarks",),
 )
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}

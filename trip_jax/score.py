@@ -1,0 +1,530 @@
+"""Scores any system's TRIP predictions with this project's metrics and writes the full report.
+
+``python -m trip_jax.score --predictions=FILE --out=DIR [--format=auto|authors|trip_jax|minimal]
+[--data_dir=DIR | --data_file=FILE] [--split=test] [--scheme=paper] [--missing=error|wrong]
+[--name=ROW]`` reads the predictions (``trip_jax.prediction_formats``), matches every entry to a
+pair of the TRIP split (gold labels from the data, any format the readers take), scores them with
+``metrics.scored_pairs`` and writes what ``--mode=evaluate`` writes (``reports.write_report``:
+``DIR/SPLIT.json``, ``.md``, ``.failure_modes.png``, ``.attributes.png``, ``.predictions.jsonl``,
+with the random baseline of the same pairs as a row). It prints one line: the three tiers in
+percent and the number of pairs. docs/scoring.md has the formats and a worked example.
+
+Matching: by pair id in any of its forms (the authors' ``257-C0``, the CGLI copy's
+``257-C0-257-C0``, either story's id), else by the two stories' text; where the file gives the
+texts, a pair whose stories come in the other order has its story indices swapped.
+
+Rules (the contract): every problem with the input (malformed entry, unknown pair id, entity,
+attribute or value word, sentence index out of range, duplicate pair or state, pairs of the split
+absent from the file unless ``--missing=wrong``) is one ``error: ...`` line on stderr naming the
+line or element and the field, up to ``MAX_PROBLEMS``, and the exit status is 2; nothing is
+scored then. Gold labels or outcome flags that the file carries and that differ from the data's
+(or from this scoring) are not errors: each is listed under ``disagreements`` in the JSON report,
+counted in the Markdown and on stderr.
+
+What a predictions file cannot give is reported as not applicable (``None`` in the JSON, "–" in
+the tables), never estimated: the macro-F1s (they need a label for every entity, sentence and
+attribute, and a conflict belief for every entity; the files state sentences and some states) and
+the decodings side by side (they need the model's logits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import math
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from trip_jax import explain, metrics, random_baseline, reports, schema
+from trip_jax import prediction_formats as formats
+from trip_jax.data import readers
+from trip_jax.data.types import StoryPair
+from trip_jax.prediction_formats import PairPrediction, Problem
+
+SCHEMES: tuple[str, ...] = ("paper",)
+MISSING: tuple[str, ...] = ("error", "wrong")
+MAX_PROBLEMS = 50
+USAGE_EXIT_CODE = 2
+NOT_APPLICABLE: dict[str, str] = {
+    "precondition_f1": "needs a predicted label for every (entity, sentence, attribute) of both "
+                       "stories; a predictions file states some states only",
+    "effect_f1": "as precondition_f1",
+    "conflict_f1": "needs a conflict belief for every (entity, sentence); a predictions file "
+                   "names sentences only",
+    "conflict_f1_positive": "as conflict_f1",
+    "decodings": "the decodings side by side (trip_jax/decoding.py) need the model's logits; a "
+                 "predictions file holds one set of answers",
+}
+
+
+class ScoreError(ValueError):
+    """Bad input to scoring; ``problems`` lists every one found (each names where and field)."""
+
+    def __init__(self, problems: Sequence[Problem], source: str):
+        self.problems = list(problems)
+        self.source = source
+        super().__init__(f"{source}: {len(self.problems)} problem(s), first: {self.problems[0]}")
+
+    def lines(self, limit: int = MAX_PROBLEMS) -> list[str]:
+        """One line per problem (at most ``limit``, then a count of the rest)."""
+        out = [f"{self.source}: {p}" for p in self.problems[:limit]]
+        if len(self.problems) > limit:
+            out.append(f"{self.source}: ... and {len(self.problems) - limit} more problems")
+        return out
+
+
+def canonical_id(pair_id: str) -> str:
+    """The authors' form of a pair id: the CGLI copy's ``257-C0-257-C0`` becomes ``257-C0``."""
+    parts = pair_id.split("-")
+    half = len(parts) // 2
+    if len(parts) % 2 == 0 and parts[:half] == parts[half:]:
+        return "-".join(parts[:half])
+    return pair_id
+
+
+def _text_key(sentences: Sequence[str]) -> tuple[str, ...]:
+    return tuple(" ".join(s.split()) for s in sentences)
+
+
+@dataclasses.dataclass
+class PairIndex:
+    """Finds a data pair by any form of its id or by its stories' text."""
+
+    pairs: Sequence[StoryPair]
+
+    def __post_init__(self):
+        self.by_id: dict[str, set[int]] = collections.defaultdict(set)
+        self.by_text: dict[frozenset, set[int]] = collections.defaultdict(set)
+        for n, pair in enumerate(self.pairs):
+            for name in (pair.pair_id, pair.implausible.story_id):
+                self.by_id[name].add(n)
+                self.by_id[canonical_id(name)].add(n)
+            self.by_text[frozenset(_text_key(s.sentences) for s in pair.stories)].add(n)
+
+    def find_id(self, pair_id: str) -> set[int]:
+        """The pairs an id names (exact or canonical form)."""
+        return self.by_id.get(pair_id, set()) | self.by_id.get(canonical_id(pair_id), set())
+
+    def find_text(self, stories: Sequence[Sequence[str]]) -> set[int]:
+        """The pairs with these two stories, in either order."""
+        return self.by_text.get(frozenset(_text_key(s) for s in stories), set())
+
+
+@dataclasses.dataclass
+class Matched:
+    """One entry matched to data pair ``n``, story indices in the data's order."""
+
+    entry: PairPrediction
+    n: int
+    how: str  # "id" or "text"
+    swapped: bool
+    story_pred: int
+    conflict_story: int
+    states_story: int
+
+
+def _orientation(entry: PairPrediction, pair: StoryPair) -> bool | None:
+    """False: the file's stories are the data's in order; True: swapped; None: other stories."""
+    given = [_text_key(s) for s in entry.stories]
+    data = [_text_key(s.sentences) for s in pair.stories]
+    if given == data:
+        return False
+    if given == data[::-1]:
+        return True
+    return None
+
+
+def match_entries(entries: Sequence[PairPrediction], pairs: Sequence[StoryPair]
+                  ) -> tuple[list[Matched], list[Problem]]:
+    """Matches every entry to one data pair (module docstring); returns (matched, problems)."""
+    index = PairIndex(pairs)
+    matched, problems, seen = [], [], {}
+    for entry in entries:
+        found, how = set(), "id"
+        if entry.pair_id is not None:
+            found = index.find_id(entry.pair_id)
+        if not found and entry.stories is not None:
+            found, how = index.find_text(entry.stories), "text"
+        field = "pair_id" if entry.pair_id is not None else "stories"
+        if entry.pair_id is None and entry.stories is None:
+            problems.append(Problem(entry.where, "pair_id", "missing: the entry gives neither a "
+                                    "pair id nor the stories' text"))
+            continue
+        if not found:
+            what = (f"unknown pair id {entry.pair_id!r}" if entry.pair_id is not None else
+                    "no pair of the split has these stories")
+            if entry.pair_id is not None and entry.stories is not None:
+                what += " and no pair of the split has these stories"
+            problems.append(Problem(entry.where, field, what))
+            continue
+        if len(found) > 1:
+            ids = sorted(pairs[n].pair_id for n in found)
+            problems.append(Problem(entry.where, field, f"matches {len(found)} pairs: {ids}"))
+            continue
+        n = found.pop()
+        swapped = False
+        if entry.stories is not None:
+            swapped = _orientation(entry, pairs[n])
+            if swapped is None:
+                problems.append(Problem(entry.where, "stories", f"the stories differ from those "
+                                        f"of pair {pairs[n].pair_id!r}, which its id names"))
+                continue
+        if n in seen:
+            problems.append(Problem(entry.where, field, f"duplicate: pair {pairs[n].pair_id!r} "
+                                    f"was already given at {seen[n]}"))
+            continue
+        seen[n] = entry.where
+        flip = (lambda k: 1 - k) if swapped else (lambda k: k)
+        story_pred = flip(entry.story_pred)
+        implausible = 1 - story_pred
+        states_story = implausible if entry.states_story is None else flip(entry.states_story)
+        conflict_story = (implausible if entry.conflict_story is None
+                          else flip(entry.conflict_story))
+        matched.append(Matched(entry, n, how, swapped, story_pred, conflict_story, states_story))
+    return matched, problems
+
+
+def check_against_data(matched: Sequence[Matched], pairs: Sequence[StoryPair]) -> list[Problem]:
+    """Sentence ranges, entities and repeated states of every matched entry."""
+    problems = []
+    for m in matched:
+        entry, pair = m.entry, pairs[m.n]
+        story = pair.stories[m.conflict_story]
+        for s in entry.conflict:
+            if s >= story.num_sentences:
+                problems.append(Problem(entry.where, entry.conflict_field,
+                                        f"sentence index {s} out of range: story "
+                                        f"{m.conflict_story} has {story.num_sentences} "
+                                        "sentences (0-based)"))
+        story = pair.stories[m.states_story]
+        cells = {}
+        for state in entry.states:
+            if state.entity not in story.entities:
+                problems.append(Problem(entry.where, state.field, f"unknown entity "
+                                        f"{state.entity!r} in story {m.states_story} (entities: "
+                                        f"{', '.join(story.entities)})"))
+                continue
+            if state.sentence >= story.num_sentences:
+                problems.append(Problem(entry.where, state.field, f"sentence index "
+                                        f"{state.sentence} out of range: story {m.states_story} "
+                                        f"has {story.num_sentences} sentences (0-based)"))
+                continue
+            cell = (state.side, state.entity, state.sentence, state.attribute)
+            if cells.setdefault(cell, state.label) != state.label:
+                problems.append(Problem(entry.where, state.field, f"{state.side} of "
+                                        f"{state.attribute} of {state.entity!r} at sentence "
+                                        f"{state.sentence} is given twice with different values"))
+    return problems
+
+
+def _missing_pairs(matched: Sequence[Matched], pairs: Sequence[StoryPair]) -> list[int]:
+    given = {m.n for m in matched}
+    return [n for n in range(len(pairs)) if n not in given]
+
+
+def prediction_arrays(matched: Sequence[Matched], pairs: Sequence[StoryPair]
+                      ) -> metrics.TieredArrays:
+    """The gold labels of every pair and the matched predictions, as the metrics take them.
+
+    A pair without an entry is predicted wrong: the other story, no conflict, no states. A
+    predicted conflicting sentence is flagged for every entity of its story.
+    """
+    labels = random_baseline.label_arrays(pairs)
+    mask = labels["mask"]
+    story_pred = 1 - labels["story_label"]
+    conflict_prob = np.zeros(mask.shape, dtype=np.float32)
+    pre_pred = np.zeros_like(labels["pre_label"])
+    eff_pred = np.zeros_like(labels["eff_label"])
+    for m in matched:
+        pair = pairs[m.n]
+        story_pred[m.n] = m.story_pred
+        for s in m.entry.conflict:
+            conflict_prob[m.n, m.conflict_story, :, s] = mask[m.n, m.conflict_story, :, s]
+        entities = pair.stories[m.states_story].entities
+        for state in m.entry.states:
+            target = pre_pred if state.side == "precondition" else eff_pred
+            target[m.n, m.states_story, entities.index(state.entity), state.sentence,
+                   schema.ATTRIBUTE_INDEX[state.attribute]] = state.label
+    return metrics.TieredArrays(labels["story_label"], story_pred, labels["conflict_label"],
+                                conflict_prob, labels["pre_label"], pre_pred, labels["eff_label"],
+                                eff_pred, mask)
+
+
+def _nontrivial_gold(pair: StoryPair, k: int) -> dict[tuple, int]:
+    """{(side, entity, sentence, attribute): label} of story k's nontrivial gold states."""
+    story, default = pair.stories[k], schema.default_values_array()
+    found = {}
+    for e, s, side, a in np.argwhere((story.states != 0) & (story.states != default)):
+        found[(formats.SIDES[side], story.entities[e], int(s), schema.ATTRIBUTES[a])] = int(
+            story.states[e, s, side, a])
+    return found
+
+
+def disagreements(matched: Sequence[Matched], pairs: Sequence[StoryPair],
+                  outcomes: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Every gold label and outcome flag the file carries that differs from the data's or this
+    scoring's: {"where", "pair_id", "field", "file", "data" (or "scored")}."""
+    found = []
+
+    def add(m, field, file_value, key, value):
+        found.append({"where": m.entry.where, "pair_id": pairs[m.n].pair_id, "field": field,
+                      "file": file_value, key: value})
+
+    for m in matched:
+        gold, pair = m.entry.gold, pairs[m.n]
+        if "story_label" in gold:
+            file_label = 1 - gold["story_label"] if m.swapped else gold["story_label"]
+            if file_label != pair.label:
+                add(m, "story_label", gold["story_label"], "data", pair.label)
+        if "conflict" in gold:
+            data_conflict = [int(s) for s in np.flatnonzero(outcomes["gold_sentences"][m.n])]
+            if list(gold["conflict"]) != data_conflict:
+                add(m, "conflict_label", list(gold["conflict"]), "data", data_conflict)
+        if "states" in gold:
+            data_states = _nontrivial_gold(pair, m.states_story)
+            for cell in sorted(set(data_states) | set(gold["states"])):
+                if gold["states"].get(cell) != data_states.get(cell):
+                    side, entity, sentence, attribute = cell
+                    add(m, f"{side}s_label[{entity!r}][{sentence}][{attribute!r}]",
+                        gold["states"].get(cell), "data", data_states.get(cell))
+        for key, value in m.entry.flags.items():
+            scored = bool(outcomes[formats.FLAG_OUTCOMES[key]][m.n])
+            if scored != value:
+                add(m, key, value, "scored", scored)
+    return found
+
+
+def _mark_not_applicable(scores: dict[str, Any]) -> dict[str, Any]:
+    """The metrics with every F1 set to NaN (written as null / "–"): module docstring."""
+    scores = dict(scores)
+    for key in ("precondition_f1", "effect_f1", "conflict_f1", "conflict_f1_positive"):
+        scores[key] = float("nan")
+    for key in ("precondition_f1_per_attribute", "effect_f1_per_attribute"):
+        scores[key] = {attr: float("nan") for attr in scores[key]}
+    scores["state_contribution"] = {attr: {**value, "f1": float("nan")}
+                                    for attr, value in scores["state_contribution"].items()}
+    return scores
+
+
+def _stated(m: Matched, pair: StoryPair) -> dict[str, Any]:
+    """The entry's predictions in the data's story order (the minimal format's fields)."""
+    return {"plausible_story": m.story_pred, "conflict": list(m.entry.conflict),
+            "states_story": m.states_story,
+            "states": [{"entity": s.entity, "sentence": s.sentence, "side": s.side,
+                        "attribute": s.attribute, "label": s.label,
+                        "value": schema.label_name(s.attribute, s.label)}
+                       for s in m.entry.states]}
+
+
+def pair_records(matched: Sequence[Matched], pairs: Sequence[StoryPair],
+                 arrays: metrics.TieredArrays, outcomes: dict[str, np.ndarray]
+                 ) -> list[dict[str, Any]]:
+    """One record per data pair, in data order: id, where in the file, gold story, outcome
+    (``metrics.outcome_record``), the stated predictions and, where the conflict is a pair of the
+    story predicted implausible, ``explain.explain_pair``'s explanation."""
+    by_pair = {m.n: m for m in matched}
+    records = []
+    for n, pair in enumerate(pairs):
+        m = by_pair.get(n)
+        record = {"pair_id": pair.pair_id, "source": m.entry.where if m else None,
+                  "file_pair_id": m.entry.pair_id if m else None, "label": pair.label,
+                  "predicted_story": int(arrays.story_pred[n]),
+                  **metrics.outcome_record(outcomes, n)}
+        if m is None:
+            record["missing"] = True
+            records.append(record)
+            continue
+        record["prediction"] = _stated(m, pair)
+        if m.entry.flags:
+            record["file_flags"] = dict(m.entry.flags)
+        if len(m.entry.conflict) == 2 and m.conflict_story == 1 - m.story_pred:
+            record["explanation"] = explain.explain_pair(
+                m.story_pred, arrays.conflict_prob[n], arrays.pre_pred[n], arrays.eff_pred[n],
+                [s.entities for s in pair.stories], [s.sentences for s in pair.stories])
+        records.append(record)
+    return records
+
+
+@dataclasses.dataclass
+class Scored:
+    """The result of ``score_predictions``: metrics, per-pair records, report metadata."""
+
+    scores: dict[str, Any]
+    records: list[dict[str, Any]]
+    metadata: dict[str, Any]
+
+    def summary(self, split: str) -> str:
+        """The one line the command prints."""
+        s = self.scores
+        return (f"{split}: {s['num_pairs']} pairs, accuracy / consistency / verifiability "
+                f"{100 * s['accuracy']:.1f} / {100 * s['consistency']:.1f} / "
+                f"{100 * s['verifiability']:.1f} %")
+
+
+def _position(problem: Problem) -> float:
+    """Sort key: the line or element number of a problem; file-level problems last."""
+    digits = "".join(c for c in problem.where if c.isdigit())
+    return int(digits) if digits else math.inf
+
+
+def score_predictions(text: str, pairs: Sequence[StoryPair], format: str = "auto",
+                      missing: str = "error", scheme: str = "paper", source: str = "predictions"
+                      ) -> Scored:
+    """Reads, checks, matches and scores a predictions file's ``text`` against ``pairs``.
+
+    Raises ``ScoreError`` listing every problem (module docstring) and ``ValueError`` for an
+    unknown ``format``, ``missing`` or ``scheme``.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
+    if missing not in MISSING:
+        raise ValueError(f"unknown --missing {missing!r}; expected one of {MISSING}")
+    if format == "auto":
+        format = formats.detect_format(text)
+        if format is None:
+            raise ScoreError([Problem("line 1", "-", "cannot tell the format from the first "
+                                      f"entry; pass --format (one of {formats.FORMATS})")], source)
+    entries, problems = formats.read_predictions(text, format)
+    matched, match_problems = match_entries(entries, pairs)
+    problems += match_problems + check_against_data(matched, pairs)
+    absent = _missing_pairs(matched, pairs)
+    if absent and missing == "error" and entries:
+        ids = ", ".join(pairs[n].pair_id for n in absent[:5]) + (", ..." if len(absent) > 5
+                                                                  else "")
+        problems.append(Problem("file", "-", f"{len(absent)} of the {len(pairs)} pairs of the "
+                                f"split are missing ({ids}); pass --missing=wrong to count them "
+                                "as wrong" + ("; some may be entries with the problems above"
+                                              if problems else "")))
+    if problems:
+        raise ScoreError(sorted(problems, key=_position), source)
+    arrays = prediction_arrays(matched, pairs)
+    scores, outcomes = metrics.scored_pairs(arrays)
+    scores = _mark_not_applicable(scores)
+    found = disagreements(matched, pairs, outcomes)
+    how = collections.Counter(m.how for m in matched)
+    notes = [f"predictions read from a file ({format} format) and scored with the paper's "
+             f"metrics (scheme {scheme}, trip_jax/metrics.py); gold labels from the data files "
+             "above",
+             f"{len(matched)} pairs matched: {how['id']} by id, {how['text']} by the stories' "
+             f"text; {sum(m.swapped for m in matched)} given with the stories in the other order"]
+    unflaggable = sum(1 for m in matched if m.entry.conflict
+                      and not pairs[m.n].stories[m.conflict_story].entities)
+    if unflaggable:
+        notes.append(f"{unflaggable} pairs name conflicting sentences in a story without "
+                     "entities, where the metrics cannot flag a sentence (scored as no conflict)")
+    if absent:
+        notes.append(f"{len(absent)} pairs of the split are missing from the file and are "
+                     "counted as wrong at every tier (--missing=wrong)")
+    notes += [f"not applicable: {key} ({why})" for key, why in NOT_APPLICABLE.items()]
+    counts = collections.Counter(d["field"].split("[")[0] for d in found)
+    by_field = ", ".join(f"{field}: {count}" for field, count in sorted(counts.items()))
+    notes.append(f"disagreements between the file's own labels or flags and the data or this "
+                 f"scoring: {len(found)}"
+                 + (f" ({by_field}; each is listed in the JSON report)" if found else ""))
+    metadata = {"format": format, "scheme": scheme, "missing": missing,
+                "matching": {"by_id": how["id"], "by_text": how["text"],
+                             "stories_swapped": sum(m.swapped for m in matched)},
+                "missing_pairs": [pairs[n].pair_id for n in absent],
+                "not_applicable": NOT_APPLICABLE, "disagreements": found, "notes": notes}
+    return Scored(scores, pair_records(matched, pairs, arrays, outcomes), metadata)
+
+
+# ------------------------------------------------------------------------------------------
+# Command line.
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one ``error: ...`` line and exit status 2 for a bad command line."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(USAGE_EXIT_CODE)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (module docstring)."""
+    parser = _Parser(prog="python -m trip_jax.score", description=__doc__.split("\n")[0])
+    parser.add_argument("--predictions", required=True, help="the predictions file")
+    parser.add_argument("--format", default="auto", choices=("auto", *formats.FORMATS))
+    parser.add_argument("--data_dir", default=None, help="TRIP data (default $TRIP_DATA_DIR)")
+    parser.add_argument("--data_file", default=None,
+                        help="one TRIP file to score against instead of --data_dir's split "
+                             "(e.g. a subset such as test_curated.har.jsonl)")
+    parser.add_argument("--split", default="test",
+                        help="the split (train/dev/test); with --data_file only the report name")
+    parser.add_argument("--scheme", default="paper", choices=SCHEMES,
+                        help="the scoring rule: the paper's metrics (the only one)")
+    parser.add_argument("--missing", default="error", choices=MISSING,
+                        help="pairs of the split absent from the file: an error, or wrong")
+    parser.add_argument("--name", default=None, help="the system's row name in the report")
+    parser.add_argument("--out", required=True, help="directory for the report")
+    return parser.parse_args(argv)
+
+
+def _load_pairs(args: argparse.Namespace) -> tuple[list[StoryPair], list[str], list[str]]:
+    """The split's pairs, the data files read and the readers' warnings (as notes)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", readers.TripDataWarning)
+        if args.data_file:
+            path = args.data_file
+            pairs = readers.read_pairs(path, split=args.split if os.path.basename(path) ==
+                                       readers.RELEASE_FILENAME else None)
+        else:
+            if args.split not in readers.SPLITS:
+                raise readers.TripDataError(f"unknown split {args.split!r}; expected one of "
+                                            f"{readers.SPLITS} (read other files with --data_file)")
+            data_dir = readers.default_data_dir(args.data_dir)
+            path = readers.find_split_files(data_dir).get(args.split, "")
+            pairs = readers.load_split(data_dir, args.split)
+    notes = [f"data reader: {w.message}" for w in caught
+             if issubclass(w.category, readers.TripDataWarning)]
+    return pairs, [path], notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command; returns the exit status (0, 1 for missing data, 2 for bad input)."""
+    args = parse_args(argv)
+    try:
+        with open(args.predictions, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        print(f"error: --predictions: cannot read {args.predictions}: {err}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    try:
+        pairs, data_files, reader_notes = _load_pairs(args)
+    except readers.TripDataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    try:
+        scored = score_predictions(text, pairs, args.format, args.missing, args.scheme,
+                                   source=args.predictions)
+    except ScoreError as err:
+        for line in err.lines():
+            print(f"error: {line}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    name = args.name or f"system ({os.path.basename(args.predictions)})"
+    baseline = random_baseline.random_baseline(pairs, seeds=random_baseline.SEEDS)
+    metadata = {"model": name, "predictions_file": args.predictions,
+                "predictions_sha256": reports.file_sha256(args.predictions),
+                "data_files": reports.data_file_hashes(data_files), **scored.metadata}
+    metadata["notes"] = metadata["notes"] + reader_notes
+    paths = reports.write_report(epath.Path(args.out), args.split, scored.scores, metadata,
+                                 scored.records,
+                                 baselines={random_baseline.report_name(): baseline})
+    print(scored.summary(args.split))
+    found = scored.metadata["disagreements"]
+    if found:
+        print(f"warning: {len(found)} disagreements between the file's own labels or flags and "
+              f"the data or this scoring, listed in {paths['json']}", file=sys.stderr)
+    print(f"wrote {paths['markdown']} and the other {args.split}.* reports", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
