@@ -17,6 +17,7 @@ import pytest
 
 from trip_jax import metrics, schema, score
 from trip_jax import prediction_formats as formats
+from trip_jax import prediction_matching as matching
 from trip_jax.data import readers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -94,7 +95,7 @@ def _minimal(cases, array_states=True):
         entries = [[e, s, side, a, schema.label_name(a, v)] if array_states else
                    {"entity": e, "sentence": s, "side": side, "attribute": a, "value": v}
                    for e, s, side, a, v in states]
-        lines.append({"pair_id": score.canonical_id(pair.pair_id), "plausible_story": story_pred,
+        lines.append({"pair_id": matching.canonical_id(pair.pair_id), "plausible_story": story_pred,
                       "conflict": list(conflict), "states": entries})
     return "\n".join(json.dumps(line) for line in lines) + "\n"
 
@@ -111,10 +112,10 @@ def _authors(cases, valid=None):
     elements = []
     for x, (pair, story_pred, conflict, states, expected) in enumerate(cases):
         k = 1 - pair.label
-        gold = score._nontrivial_gold(pair, k)
+        gold = matching.nontrivial_gold(pair, k)
         gold_states = [(e, s, side, a, v) for (side, e, s, a), v in gold.items()]
         elements.append({
-            "example_id": score.canonical_id(pair.pair_id),
+            "example_id": matching.canonical_id(pair.pair_id),
             "story0": "\n".join(pair.stories[0].sentences),
             "story1": "\n".join(pair.stories[1].sentences),
             "story_label": pair.label, "story_pred": story_pred,
@@ -206,12 +207,12 @@ def test_matching_by_text_swaps_story_order(cases):
 
 
 def test_ids_match_across_forms(test_pairs):
-    index = score.PairIndex(test_pairs)
+    index = matching.PairIndex(test_pairs)
     (n,) = index.find_id("257-C0")
     assert test_pairs[n].pair_id == "257-C0-257-C0"
     assert index.find_id("257-C0-257-C0") == {n}
-    assert score.canonical_id("257-C0-257-C0") == "257-C0"
-    assert score.canonical_id("test_0") == "test_0"
+    assert matching.canonical_id("257-C0-257-C0") == "257-C0"
+    assert matching.canonical_id("test_0") == "test_0"
 
 
 def _problems(text, pairs, **kwargs):
@@ -225,7 +226,7 @@ def test_every_kind_of_bad_input_is_reported_with_line_and_field(test_pairs):
 
     def line(n, *states, drop=None, **fields):
         pair = pairs[n]
-        record = {"pair_id": score.canonical_id(pair.pair_id), "plausible_story": pair.label,
+        record = {"pair_id": matching.canonical_id(pair.pair_id), "plausible_story": pair.label,
                   "conflict": list(pair.implausible.conflict), "states": list(states), **fields}
         return json.dumps({k: v for k, v in record.items() if k != drop})
 

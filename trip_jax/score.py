@@ -3,8 +3,9 @@
 ``python -m trip_jax.score --predictions=FILE --out=DIR [--format=auto|authors|trip_jax|minimal]
 [--data_dir=DIR | --data_file=FILE] [--split=test] [--scheme=paper] [--missing=error|wrong]
 [--name=ROW]`` reads the predictions (``trip_jax.prediction_formats``), matches every entry to a
-pair of the TRIP split (gold labels from the data, any format the readers take), scores them with
-``metrics.scored_pairs`` and writes what ``--mode=evaluate`` writes (``reports.write_report``:
+pair of the TRIP split (``trip_jax.prediction_matching``; gold labels from the data, any format
+the readers take), scores them with ``metrics.scored_pairs`` and writes what ``--mode=evaluate``
+writes (``reports.write_report``:
 ``DIR/SPLIT.json``, ``.md``, ``.failure_modes.png``, ``.attributes.png``, ``.predictions.jsonl``,
 with the random baseline of the same pairs as a row). It prints one line: the three tiers in
 percent and the number of pairs. docs/scoring.md has the formats and a worked example.
@@ -44,9 +45,10 @@ from etils import epath
 
 from trip_jax import explain, metrics, random_baseline, reports, schema
 from trip_jax import prediction_formats as formats
+from trip_jax import prediction_matching as matching
 from trip_jax.data import readers
 from trip_jax.data.types import StoryPair
-from trip_jax.prediction_formats import PairPrediction, Problem
+from trip_jax.prediction_formats import Problem
 
 SCHEMES: tuple[str, ...] = ("paper",)
 MISSING: tuple[str, ...] = ("error", "wrong")
@@ -80,156 +82,7 @@ class ScoreError(ValueError):
         return out
 
 
-def canonical_id(pair_id: str) -> str:
-    """The authors' form of a pair id: the CGLI copy's ``257-C0-257-C0`` becomes ``257-C0``."""
-    parts = pair_id.split("-")
-    half = len(parts) // 2
-    if len(parts) % 2 == 0 and parts[:half] == parts[half:]:
-        return "-".join(parts[:half])
-    return pair_id
-
-
-def _text_key(sentences: Sequence[str]) -> tuple[str, ...]:
-    return tuple(" ".join(s.split()) for s in sentences)
-
-
-@dataclasses.dataclass
-class PairIndex:
-    """Finds a data pair by any form of its id or by its stories' text."""
-
-    pairs: Sequence[StoryPair]
-
-    def __post_init__(self):
-        self.by_id: dict[str, set[int]] = collections.defaultdict(set)
-        self.by_text: dict[frozenset, set[int]] = collections.defaultdict(set)
-        for n, pair in enumerate(self.pairs):
-            for name in (pair.pair_id, pair.implausible.story_id):
-                self.by_id[name].add(n)
-                self.by_id[canonical_id(name)].add(n)
-            self.by_text[frozenset(_text_key(s.sentences) for s in pair.stories)].add(n)
-
-    def find_id(self, pair_id: str) -> set[int]:
-        """The pairs an id names (exact or canonical form)."""
-        return self.by_id.get(pair_id, set()) | self.by_id.get(canonical_id(pair_id), set())
-
-    def find_text(self, stories: Sequence[Sequence[str]]) -> set[int]:
-        """The pairs with these two stories, in either order."""
-        return self.by_text.get(frozenset(_text_key(s) for s in stories), set())
-
-
-@dataclasses.dataclass
-class Matched:
-    """One entry matched to data pair ``n``, story indices in the data's order."""
-
-    entry: PairPrediction
-    n: int
-    how: str  # "id" or "text"
-    swapped: bool
-    story_pred: int
-    conflict_story: int
-    states_story: int
-
-
-def _orientation(entry: PairPrediction, pair: StoryPair) -> bool | None:
-    """False: the file's stories are the data's in order; True: swapped; None: other stories."""
-    given = [_text_key(s) for s in entry.stories]
-    data = [_text_key(s.sentences) for s in pair.stories]
-    if given == data:
-        return False
-    if given == data[::-1]:
-        return True
-    return None
-
-
-def match_entries(entries: Sequence[PairPrediction], pairs: Sequence[StoryPair]
-                  ) -> tuple[list[Matched], list[Problem]]:
-    """Matches every entry to one data pair (module docstring); returns (matched, problems)."""
-    index = PairIndex(pairs)
-    matched, problems, seen = [], [], {}
-    for entry in entries:
-        found, how = set(), "id"
-        if entry.pair_id is not None:
-            found = index.find_id(entry.pair_id)
-        if not found and entry.stories is not None:
-            found, how = index.find_text(entry.stories), "text"
-        field = "pair_id" if entry.pair_id is not None else "stories"
-        if entry.pair_id is None and entry.stories is None:
-            problems.append(Problem(entry.where, "pair_id", "missing: the entry gives neither a "
-                                    "pair id nor the stories' text"))
-            continue
-        if not found:
-            what = (f"unknown pair id {entry.pair_id!r}" if entry.pair_id is not None else
-                    "no pair of the split has these stories")
-            if entry.pair_id is not None and entry.stories is not None:
-                what += " and no pair of the split has these stories"
-            problems.append(Problem(entry.where, field, what))
-            continue
-        if len(found) > 1:
-            ids = sorted(pairs[n].pair_id for n in found)
-            problems.append(Problem(entry.where, field, f"matches {len(found)} pairs: {ids}"))
-            continue
-        n = found.pop()
-        swapped = False
-        if entry.stories is not None:
-            swapped = _orientation(entry, pairs[n])
-            if swapped is None:
-                problems.append(Problem(entry.where, "stories", f"the stories differ from those "
-                                        f"of pair {pairs[n].pair_id!r}, which its id names"))
-                continue
-        if n in seen:
-            problems.append(Problem(entry.where, field, f"duplicate: pair {pairs[n].pair_id!r} "
-                                    f"was already given at {seen[n]}"))
-            continue
-        seen[n] = entry.where
-        flip = (lambda k: 1 - k) if swapped else (lambda k: k)
-        story_pred = flip(entry.story_pred)
-        implausible = 1 - story_pred
-        states_story = implausible if entry.states_story is None else flip(entry.states_story)
-        conflict_story = (implausible if entry.conflict_story is None
-                          else flip(entry.conflict_story))
-        matched.append(Matched(entry, n, how, swapped, story_pred, conflict_story, states_story))
-    return matched, problems
-
-
-def check_against_data(matched: Sequence[Matched], pairs: Sequence[StoryPair]) -> list[Problem]:
-    """Sentence ranges, entities and repeated states of every matched entry."""
-    problems = []
-    for m in matched:
-        entry, pair = m.entry, pairs[m.n]
-        story = pair.stories[m.conflict_story]
-        for s in entry.conflict:
-            if s >= story.num_sentences:
-                problems.append(Problem(entry.where, entry.conflict_field,
-                                        f"sentence index {s} out of range: story "
-                                        f"{m.conflict_story} has {story.num_sentences} "
-                                        "sentences (0-based)"))
-        story = pair.stories[m.states_story]
-        cells = {}
-        for state in entry.states:
-            if state.entity not in story.entities:
-                problems.append(Problem(entry.where, state.field, f"unknown entity "
-                                        f"{state.entity!r} in story {m.states_story} (entities: "
-                                        f"{', '.join(story.entities)})"))
-                continue
-            if state.sentence >= story.num_sentences:
-                problems.append(Problem(entry.where, state.field, f"sentence index "
-                                        f"{state.sentence} out of range: story {m.states_story} "
-                                        f"has {story.num_sentences} sentences (0-based)"))
-                continue
-            cell = (state.side, state.entity, state.sentence, state.attribute)
-            if cells.setdefault(cell, state.label) != state.label:
-                problems.append(Problem(entry.where, state.field, f"{state.side} of "
-                                        f"{state.attribute} of {state.entity!r} at sentence "
-                                        f"{state.sentence} is given twice with different values"))
-    return problems
-
-
-def _missing_pairs(matched: Sequence[Matched], pairs: Sequence[StoryPair]) -> list[int]:
-    given = {m.n for m in matched}
-    return [n for n in range(len(pairs)) if n not in given]
-
-
-def prediction_arrays(matched: Sequence[Matched], pairs: Sequence[StoryPair]
+def prediction_arrays(matched: Sequence[matching.Matched], pairs: Sequence[StoryPair]
                       ) -> metrics.TieredArrays:
     """The gold labels of every pair and the matched predictions, as the metrics take them.
 
@@ -257,50 +110,6 @@ def prediction_arrays(matched: Sequence[Matched], pairs: Sequence[StoryPair]
                                 eff_pred, mask)
 
 
-def _nontrivial_gold(pair: StoryPair, k: int) -> dict[tuple, int]:
-    """{(side, entity, sentence, attribute): label} of story k's nontrivial gold states."""
-    story, default = pair.stories[k], schema.default_values_array()
-    found = {}
-    for e, s, side, a in np.argwhere((story.states != 0) & (story.states != default)):
-        found[(formats.SIDES[side], story.entities[e], int(s), schema.ATTRIBUTES[a])] = int(
-            story.states[e, s, side, a])
-    return found
-
-
-def disagreements(matched: Sequence[Matched], pairs: Sequence[StoryPair],
-                  outcomes: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    """Every gold label and outcome flag the file carries that differs from the data's or this
-    scoring's: {"where", "pair_id", "field", "file", "data" (or "scored")}."""
-    found = []
-
-    def add(m, field, file_value, key, value):
-        found.append({"where": m.entry.where, "pair_id": pairs[m.n].pair_id, "field": field,
-                      "file": file_value, key: value})
-
-    for m in matched:
-        gold, pair = m.entry.gold, pairs[m.n]
-        if "story_label" in gold:
-            file_label = 1 - gold["story_label"] if m.swapped else gold["story_label"]
-            if file_label != pair.label:
-                add(m, "story_label", gold["story_label"], "data", pair.label)
-        if "conflict" in gold:
-            data_conflict = [int(s) for s in np.flatnonzero(outcomes["gold_sentences"][m.n])]
-            if list(gold["conflict"]) != data_conflict:
-                add(m, "conflict_label", list(gold["conflict"]), "data", data_conflict)
-        if "states" in gold:
-            data_states = _nontrivial_gold(pair, m.states_story)
-            for cell in sorted(set(data_states) | set(gold["states"])):
-                if gold["states"].get(cell) != data_states.get(cell):
-                    side, entity, sentence, attribute = cell
-                    add(m, f"{side}s_label[{entity!r}][{sentence}][{attribute!r}]",
-                        gold["states"].get(cell), "data", data_states.get(cell))
-        for key, value in m.entry.flags.items():
-            scored = bool(outcomes[formats.FLAG_OUTCOMES[key]][m.n])
-            if scored != value:
-                add(m, key, value, "scored", scored)
-    return found
-
-
 def _mark_not_applicable(scores: dict[str, Any]) -> dict[str, Any]:
     """The metrics with every F1 set to NaN (written as null / "–"): module docstring."""
     scores = dict(scores)
@@ -313,7 +122,7 @@ def _mark_not_applicable(scores: dict[str, Any]) -> dict[str, Any]:
     return scores
 
 
-def _stated(m: Matched, pair: StoryPair) -> dict[str, Any]:
+def _stated(m: matching.Matched, pair: StoryPair) -> dict[str, Any]:
     """The entry's predictions in the data's story order (the minimal format's fields)."""
     return {"plausible_story": m.story_pred, "conflict": list(m.entry.conflict),
             "states_story": m.states_story,
@@ -323,7 +132,7 @@ def _stated(m: Matched, pair: StoryPair) -> dict[str, Any]:
                        for s in m.entry.states]}
 
 
-def pair_records(matched: Sequence[Matched], pairs: Sequence[StoryPair],
+def pair_records(matched: Sequence[matching.Matched], pairs: Sequence[StoryPair],
                  arrays: metrics.TieredArrays, outcomes: dict[str, np.ndarray]
                  ) -> list[dict[str, Any]]:
     """One record per data pair, in data order: id, where in the file, gold story, outcome
@@ -392,9 +201,9 @@ def score_predictions(text: str, pairs: Sequence[StoryPair], format: str = "auto
             raise ScoreError([Problem("line 1", "-", "cannot tell the format from the first "
                                       f"entry; pass --format (one of {formats.FORMATS})")], source)
     entries, problems = formats.read_predictions(text, format)
-    matched, match_problems = match_entries(entries, pairs)
-    problems += match_problems + check_against_data(matched, pairs)
-    absent = _missing_pairs(matched, pairs)
+    matched, match_problems = matching.match_entries(entries, pairs)
+    problems += match_problems + matching.check_against_data(matched, pairs)
+    absent = matching.missing_pairs(matched, pairs)
     if absent and missing == "error" and entries:
         ids = ", ".join(pairs[n].pair_id for n in absent[:5]) + (", ..." if len(absent) > 5
                                                                   else "")
@@ -407,7 +216,7 @@ def score_predictions(text: str, pairs: Sequence[StoryPair], format: str = "auto
     arrays = prediction_arrays(matched, pairs)
     scores, outcomes = metrics.scored_pairs(arrays)
     scores = _mark_not_applicable(scores)
-    found = disagreements(matched, pairs, outcomes)
+    found = matching.disagreements(matched, pairs, outcomes)
     how = collections.Counter(m.how for m in matched)
     notes = [f"predictions read from a file ({format} format) and scored with the paper's "
              f"metrics (scheme {scheme}, trip_jax/metrics.py); gold labels from the data files "
