@@ -295,6 +295,9 @@ def test_authors_format_errors_name_the_element_and_field(cases):
     assert any(p.startswith("element [2]: field \"preconditions_pred['x']['zero']\"")
                for p in problems), problems
     assert any(p.startswith("element [3]: field 'story_pred': expected 0 or 1") for p in problems)
+    assert _problems(" \n", _pairs_of(cases)) == ["file: field '-': the file is empty"]
+    assert _problems("{}\n", _pairs_of(cases))[0].startswith(
+        "line 1: field '-': cannot tell the format")
     anonymous = {k: v for k, v in elements[0].items() if k not in ("example_id", "story0",
                                                                     "story1")}
     (problem,) = _problems(json.dumps([anonymous]), _pairs_of(cases)[:1], missing="wrong")

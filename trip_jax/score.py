@@ -195,6 +195,8 @@ def score_predictions(text: str, pairs: Sequence[StoryPair], format: str = "auto
         raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
     if missing not in MISSING:
         raise ValueError(f"unknown --missing {missing!r}; expected one of {MISSING}")
+    if not text.strip():
+        raise ScoreError([Problem("file", "-", "the file is empty")], source)
     if format == "auto":
         format = formats.detect_format(text)
         if format is None:
@@ -323,9 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "predictions_sha256": reports.file_sha256(args.predictions),
                 "data_files": reports.data_file_hashes(data_files), **scored.metadata}
     metadata["notes"] = metadata["notes"] + reader_notes
-    paths = reports.write_report(epath.Path(args.out), args.split, scored.scores, metadata,
-                                 scored.records,
-                                 baselines={random_baseline.report_name(): baseline})
+    try:
+        paths = reports.write_report(epath.Path(args.out), args.split, scored.scores, metadata,
+                                     scored.records,
+                                     baselines={random_baseline.report_name(): baseline})
+    except OSError as err:
+        print(f"error: --out: cannot write the report to {args.out}: {err}", file=sys.stderr)
+        return 1
     print(scored.summary(args.split))
     found = scored.metadata["disagreements"]
     if found:
