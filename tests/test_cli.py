@@ -1,13 +1,14 @@
-"""A bad command line is one ``error:`` line naming the closest valid spelling, exit status 2."""
+"""A bad command line is one ``error:`` line naming the closest valid spelling or the allowed
+values, exit status 2; the config is printed only with --show_config."""
 
 import pathlib
-import subprocess
-import sys
+import re
 
+import ml_collections
 import pytest
 from absl import flags
 
-from trip_jax import cli, main
+from trip_jax import cli, config_rules, main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASE = ["trip_jax.main", "--config=configs/tiny.py", "--workdir=/nonexistent/run"]
@@ -17,8 +18,7 @@ def parse(argv: list[str]):
     """Parses ``argv`` with main's flags and checks, in a fresh FlagValues."""
     values = flags.FlagValues()
     main.define_flags(values, sys_argv=argv)
-    parser = cli.flags_parser(values, config_choices=main.CONFIG_CHOICES, check=main.check_flags)
-    return parser(argv), values
+    return main.flags_parser(values)(argv), values
 
 
 def usage_error(argv: list[str], capsys) -> str:
@@ -57,6 +57,75 @@ def test_bad_flag_is_one_line_with_the_closest_valid_spelling(flag, expected, ca
     assert expected in usage_error([*BASE, flag], capsys)
 
 
+@pytest.mark.parametrize("flag, expected", [
+    ("--config.train.batch_size=-3", "--config.train.batch_size: -3 (allowed: >= 1)"),
+    ("--config.train.learning_rate=0", "--config.train.learning_rate: 0.0 (allowed: > 0)"),
+    ("--config.decoding.state_threshold=1.5",
+     "--config.decoding.state_threshold: 1.5 (allowed: in [0, 1))"),
+    ("--config.train.num_epochs=0", "--config.train.num_epochs: 0 (allowed: >= 1)"),
+    ("--config.train.warmup_fraction=1", "warmup_fraction: 1.0 (allowed: in [0, 1))"),
+    ("--config.data.holdout_fraction=0", "holdout_fraction: 0.0 (allowed: in (0, 1))"),
+    ("--config.model.tiered.head_dropout=1", "head_dropout: 1.0 (allowed: in [0, 1))"),
+    ("--config.train.learning_rate=nan", "learning_rate: nan (allowed: > 0)"),
+    ("--config.mesh.data=0", "--config.mesh.data: 0 (allowed: -1 (every device"),
+    ("--config.train.init_from_checkpoint=bset", "(allowed: latest, best_verifiability, "
+                                                 "best_accuracy or a step number)"),
+    ("--config.train.init_skip=(", "--config.train.init_skip: '(' (allowed: a Python regular"),
+    # Rules between keys.
+    ("--config.model.tiered.detector_heads=3",
+     "--config.model.tiered.detector_heads: 3 (allowed: a divisor of the detector width 32"),
+    ("--config.data.short_seq_len=8", "short_seq_len: 8 (allowed: 0 unless data.layout is "
+                                      "'packed')"),
+    ("--config.data.buckets.row_min=10", "row_min: 10 (allowed: a multiple of"),
+    ("--config.model.random_encoder.num_attention_heads=3",
+     "a divisor of model.random_encoder.hidden_size (32)"),
+    ("--config.model.tokenizer=", "--config.model.tokenizer: '' (allowed: a tokenizer"),
+    ("--config.mesh.fsdp=-1", "--config.mesh.fsdp: -1 (allowed: not -1 when mesh.data is -1"),
+    # Choice lists of the modules that use them.
+    ("--config.train.selection=smoothd", "did you mean 'smoothed'?"),
+    ("--config.decoding.method=coherant", "did you mean 'coherent'?"),
+    ("--config.model.tiered.detector_activation=gelu2", "did you mean 'gelu'?"),
+])
+def test_value_out_of_range_is_one_line_naming_key_value_and_allowed(flag, expected, tmp_path,
+                                                                      capsys):
+    line = usage_error(["trip_jax.main", "--config=configs/tiny.py",
+                        f"--workdir={tmp_path / 'run'}", flag], capsys)
+    assert expected in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_key_with_a_rule_exists_in_the_base_config():
+    from configs import base
+
+    keys = cli.config_values(base.get_config())
+    assert not [k for k in config_rules.RANGES if k not in keys]
+    assert not [k for k in main.CONFIG_CHOICES if k not in keys]
+
+
+def mesh_config(data, fsdp, batch_size):
+    return ml_collections.ConfigDict(dict(mesh=dict(data=data, fsdp=fsdp),
+                                          train=dict(batch_size=batch_size)))
+
+
+@pytest.mark.parametrize("data, fsdp, batch_size, devices", [
+    (-1, 1, 8, 4), (2, 2, 4, 4), (1, -1, 12, 4), (-1, 1, 3, 1)])
+def test_devices_that_fit(data, fsdp, batch_size, devices):
+    config_rules.check_devices(mesh_config(data, fsdp, batch_size), devices)
+
+
+@pytest.mark.parametrize("data, fsdp, batch_size, devices, expected", [
+    (-1, 1, 6, 4, "--config.train.batch_size: 6 (allowed: a multiple of 4, the devices the "
+                  "batch is split over: mesh data=4 x fsdp=1)"),
+    (-1, 2, 2, 4, "a multiple of 4"),  # the batch is split over data and fsdp
+    (2, 1, 2, 4, "data=2, fsdp=1 (allowed: sizes whose product is the 4 devices"),
+    (-1, 3, 3, 4, "data=-1, fsdp=3"),
+])
+def test_devices_that_do_not_fit(data, fsdp, batch_size, devices, expected):
+    with pytest.raises(cli.UsageError, match="^bad value for --config") as error:
+        config_rules.check_devices(mesh_config(data, fsdp, batch_size), devices)
+    assert expected in str(error.value)
+
+
 def test_missing_required_flag(capsys):
     assert usage_error(["trip_jax.main", "--config=configs/tiny.py"], capsys) == (
         "error: --workdir is required")
@@ -88,21 +157,44 @@ def test_a_bug_outside_the_command_line_keeps_its_traceback():
         cli.flags_parser(values, check=broken_check)(argv)
 
 
-@pytest.mark.parametrize("flag, expected", [
-    ("--config.train.learnin_rate=1", "did you mean --config.train.learning_rate?"),
-    ("--config=configs/tiny.py:omit_stry", "did you mean 'omit_story'?"),
+@pytest.mark.parametrize("flag, devices, expected", [
+    ("--config.train.learnin_rate=1", 1, "did you mean --config.train.learning_rate?"),
+    ("--config=configs/tiny.py:omit_stry", 1, "did you mean 'omit_story'?"),
+    # Checked once the devices are known, before any data is read.
+    ("--config.mesh.data=2", 1, "data=2, fsdp=1 (allowed: sizes whose product is the 1 device;"),
+    ("--config.train.batch_size=3", 2, "--config.train.batch_size: 3 (allowed: a multiple of 2"),
 ])
-def test_main_exits_with_status_2_and_one_line(flag, expected, tmp_path):
-    """The real entry point, in a subprocess: nothing written, no traceback."""
-    command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py",
-               f"--workdir={tmp_path / 'run'}", flag]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+def test_main_exits_with_status_2_and_one_line(flag, devices, expected, tmp_path, run_main):
+    """The real entry point, in a subprocess: nothing written, no traceback, no config."""
+    result = run_main(f"--workdir={tmp_path / 'run'}", flag,
+                      env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (
         result.stderr)
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
     assert not (tmp_path / "run").exists()
+
+
+CONFIG_LINES = ("learning_rate: 0.001", "data_dir: ")  # of the printed config
+
+
+def test_predict_shows_its_error_without_info_lines_or_config(tmp_path, run_main):
+    """--mode=predict logs warnings and errors only; no config above the error."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"stories": [["A.", "B."], ["A.", "C."]]}\n')
+    result = run_main(f"--workdir={tmp_path / 'run'}", "--mode=predict", f"--input={pairs}")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: no checkpoint")
+    assert not re.search(r"^I\d{4} ", result.stderr, flags=re.MULTILINE), result.stderr
+    assert not any(line in result.stdout + result.stderr for line in CONFIG_LINES)
+
+
+def test_show_config_prints_the_config(tmp_path, run_main):
+    result = run_main(f"--workdir={tmp_path / 'run'}", "--mode=evaluate", "--show_config")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: no checkpoint")
+    assert all(line in result.stdout and line not in result.stderr for line in CONFIG_LINES)
 
 
 @pytest.mark.parametrize("name", sorted(

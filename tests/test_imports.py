@@ -21,7 +21,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("data", "models", "metrics", "decoding", "losses", "optimizers", "explain", "reports",
      "sharding", "prediction_formats"),
     ("builders", "protocol", "checkpoints", "metric_log", "random_baseline", "run_summary",
-     "prediction_matching"),
+     "prediction_matching", "config_rules"),
     ("input_pipeline",),
     ("evaluate",),
     ("train", "predict"),

@@ -4,8 +4,9 @@ absl and ml_collections report a bad command line in several ways: a FATAL messa
 usage hint (unknown flag, bad value), a Python traceback (misspelt config key, a config file
 that raises), or nothing until the config is first used (a config file that does not exist).
 ``flags_parser(...)`` returns a parser for ``absl.app.run(main, flags_parser=...)`` that parses
-the flags, loads the config, checks the choice-valued config keys, and turns any of those
-failures into one line on stderr naming the key and its closest valid spelling:
+the flags, loads the config, checks the choice-valued config keys and, with ``config_check``
+(main's is ``trip_jax.config_rules``), the value ranges, and turns any of those failures into
+one line on stderr naming the key and its closest valid spelling or its allowed values:
 
     error: unknown config key --config.train.learnin_rate; did you mean --config.train.learning_rate?
 
@@ -190,11 +191,13 @@ def describe_parse_error(err: Exception, argv: Sequence[str], flag_values: flags
 
 def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: str = "config",
                  config_choices: Mapping[str, Iterable[Any]] | None = None,
+                 config_check: Callable[[ml_collections.ConfigDict], None] | None = None,
                  check: Callable[[flags.FlagValues], None] | None = None,
                  ) -> Callable[[list[str]], list[str]]:
     """A ``flags_parser`` for ``absl.app.run``: parses ``argv`` into ``flag_values``, loads the
-    config, checks ``config_choices`` and then ``check(flag_values)`` (which may raise
-    UsageError); any usage error is one ``error: ...`` line on stderr and exit status 2."""
+    config, checks ``config_choices``, then ``config_check(config)`` (value ranges) and
+    ``check(flag_values)`` (both may raise UsageError); any usage error is one ``error: ...``
+    line on stderr and exit status 2."""
 
     def parse(argv: list[str]) -> list[str]:
         try:
@@ -214,6 +217,8 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: st
                 raise UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
             if config is not None:
                 check_config_choices(config, config_choices or {})
+                if config_check is not None:
+                    config_check(config)
             if check is not None:
                 check(flag_values)
         except UsageError as err:

@@ -13,15 +13,21 @@ first (``trip_jax.distributed``). Other modes, on a trained workdir:
 - ``--mode=random_baseline [--split=test]``: prints the random baseline's mean ± std over its
   seeds and writes ``DIR/eval/random_baseline.SPLIT.*`` (``trip_jax.random_baseline``).
 
-A bad command line (unknown flag or config key, a value of the wrong type or outside its
-choices, a config file that does not load) is one ``error: ...`` line naming the closest valid
-spelling, with exit status 2, before any work starts (``trip_jax.cli``). A missing, unreadable or
+A bad command line (unknown flag or config key, a value of the wrong type, outside its choices
+or its range (``trip_jax.config_rules``), mesh sizes or a batch size that do not fit the devices,
+a config file that does not load) is one ``error: ...`` line naming the key and what is allowed,
+with exit status 2, before any work starts (``trip_jax.cli``). A missing, unreadable or
 mismatched checkpoint, missing data or spaCy model, or unusable input ends the run with a
 one-line ``error: ...`` message and exit status 1.
+
+The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it)
+and ``--show_config`` prints it to stdout. ``--mode=predict`` logs warnings and errors only (an
+explicit ``--verbosity`` still applies).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging as std_logging
 import sys
 from collections.abc import Callable
@@ -29,14 +35,16 @@ from typing import Any
 
 import jax
 from absl import app, flags, logging
+from etils import epath
 from ml_collections import config_flags
 
-from trip_jax import (builders, checkpoints, cli, distributed, evaluate, input_pipeline,
-                      optimizers, predict, protocol, random_baseline, runtime, train)
+from trip_jax import (builders, checkpoints, cli, config_rules, decoding, distributed, evaluate,
+                      input_pipeline, optimizers, predict, protocol, random_baseline, runtime,
+                      selection, train)
 from trip_jax.data import features, readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
-from trip_jax.models import tiered
+from trip_jax.models import encoders, tiered
 
 FLAGS = flags.FLAGS
 
@@ -99,6 +107,8 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
                         flag_values=values)
     flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
                         "WORKDIR/predict/<input stem>.jsonl).", flag_values=values)
+    flags.DEFINE_bool("show_config", False, "Print the resolved config (training also saves it "
+                      "as WORKDIR/config.json).", flag_values=values)
     flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
 
 
@@ -112,11 +122,15 @@ CONFIG_CHOICES: dict[str, tuple] = {
     "model.tiered.padding_rows": tiered.PADDING_ROWS,
     "model.tiered.padding_row_attention": tiered.PADDING_ROW_ATTENTION,
     "model.tiered.cells": tiered.CELLS,
+    "model.tiered.detector_activation": tiered.ACTIVATIONS,
+    "model.random_encoder.model_type": encoders.SUPPORTED_MODEL_TYPES,
     "data.token_types": features.TOKEN_TYPES,
     "data.entity_padding": input_pipeline.ENTITY_PADDINGS,
     "train.optimizer": optimizers.OPTIMIZERS,
     "train.schedule": train.SCHEDULES,
     "train.prng_impl": runtime.PRNG_IMPLS,
+    "train.selection": selection.SELECTIONS,
+    "decoding.method": decoding.DECODINGS,
 }
 # Every split name some protocol has (which ones a run has depends on its protocol).
 SPLIT_NAMES = (*readers.SPLITS, "dev_holdout")
@@ -134,8 +148,14 @@ def check_flags(values: flags.FlagValues) -> None:
         raise cli.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
 
 
+def flags_parser(values: flags.FlagValues = FLAGS):
+    """The ``absl.app.run`` flags parser of ``values``: every check above, one line, exit 2."""
+    return cli.flags_parser(values, config_choices=CONFIG_CHOICES,
+                            config_check=config_rules.check_config, check=check_flags)
+
+
 define_flags()
-parse_flags = cli.flags_parser(FLAGS, config_choices=CONFIG_CHOICES, check=check_flags)
+parse_flags = flags_parser(FLAGS)
 
 
 class _QuietOrbax(std_logging.Filter):
@@ -145,15 +165,58 @@ class _QuietOrbax(std_logging.Filter):
         return record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname
 
 
+class _HeldInfo(std_logging.Filter):
+    """Holds back the records below WARNING in ``held`` (``_start_up`` then shows or drops
+    them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[std_logging.LogRecord] = []
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if record.levelno >= std_logging.WARNING:
+            return True
+        self.held.append(record)
+        return False
+
+
+@contextlib.contextmanager
+def _start_up():
+    """The checks that need the devices: their INFO lines (joining the run, the backends) show
+    only after they pass; a UsageError is one ``error: ...`` line and exit status 2."""
+    handler = logging.get_absl_handler()
+    hold = _HeldInfo()
+    handler.addFilter(hold)
+    try:
+        yield
+    except cli.UsageError as err:
+        hold.held.clear()
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(cli.USAGE_EXIT_CODE)
+    finally:
+        handler.removeFilter(hold)
+        for record in hold.held:
+            handler.handle(record)
+
+
 def main(argv) -> None:
-    """Joins a multi-process run if there is one, then runs the selected mode (the flags are
-    already parsed and checked by ``parse_flags``)."""
+    """Joins a multi-process run if there is one, checks the config against its devices, then
+    runs the selected mode (the flags are already parsed and checked by ``parse_flags``)."""
     del argv  # parse_flags refuses extra arguments
     logging.get_absl_handler().addFilter(_QuietOrbax())
-    distributed.initialize_distributed()
+    if FLAGS.mode == "predict" and not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # only the answers and the problems
+    with _start_up():
+        distributed.initialize_distributed()
+        if FLAGS.mode == "train":  # the other modes use the mesh their checkpoint was saved with
+            config_rules.check_devices(FLAGS.config, jax.device_count())
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
                  jax.process_count(), jax.local_devices())
-    logging.info("config:\n%s", FLAGS.config)
+    if FLAGS.mode == "train":
+        logging.info("config: the resolved config goes to %s (--show_config prints it)",
+                     epath.Path(FLAGS.workdir) / checkpoints.CONFIG_FILE)
+    if FLAGS.show_config and jax.process_index() == 0:
+        print(FLAGS.config, flush=True)
     try:
         runtime.configure_jax(FLAGS.config)
         MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)

@@ -29,22 +29,28 @@ MESH_AXES: tuple[str, ...] = ("data", "fsdp")
 BATCH_AXES: tuple[str, ...] = ("data", "fsdp")
 
 
-def create_mesh(mesh_config, devices=None) -> Mesh:
-    """Returns the ("data", "fsdp") mesh of ``mesh_config`` (sizes; one of them may be -1)."""
-    devices = list(jax.devices() if devices is None else devices)
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int]:
+    """The (data, fsdp) sizes of ``mesh_config`` over ``num_devices`` devices; one size may be
+    -1 (every device the other axis leaves). ValueError when they do not fit the devices."""
     sizes = {"data": int(mesh_config.data), "fsdp": int(mesh_config.fsdp)}
     free = [axis for axis, size in sizes.items() if size == -1]
     if len(free) > 1:
         raise ValueError("at most one mesh axis may be -1 (all remaining devices)")
     if free:
         other = int(np.prod([s for a, s in sizes.items() if a not in free]))
-        if other < 1 or len(devices) % other:
-            raise ValueError(f"mesh {sizes}: {len(devices)} devices are not divisible by {other}")
-        sizes[free[0]] = len(devices) // other
-    if any(s < 1 for s in sizes.values()) or sizes["data"] * sizes["fsdp"] != len(devices):
+        if other < 1 or num_devices % other:
+            raise ValueError(f"mesh {sizes}: {num_devices} devices are not divisible by {other}")
+        sizes[free[0]] = num_devices // other
+    if any(s < 1 for s in sizes.values()) or sizes["data"] * sizes["fsdp"] != num_devices:
         raise ValueError(f"mesh data={sizes['data']} x fsdp={sizes['fsdp']} does not match the "
-                         f"{len(devices)} devices; set --config.mesh.data / --config.mesh.fsdp")
-    shape = (sizes["data"], sizes["fsdp"])
+                         f"{num_devices} devices; set --config.mesh.data / --config.mesh.fsdp")
+    return sizes["data"], sizes["fsdp"]
+
+
+def create_mesh(mesh_config, devices=None) -> Mesh:
+    """Returns the ("data", "fsdp") mesh of ``mesh_config`` (sizes; one of them may be -1)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(mesh_config, len(devices))
     return Mesh(mesh_utils.create_device_mesh(shape, devices), MESH_AXES)
 
 

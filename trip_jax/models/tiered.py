@@ -26,6 +26,7 @@ from trip_jax.models.encoders import build_encoder
 NEG_LOGIT = -1e9
 
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
+ACTIVATIONS: tuple[str, ...] = tuple(sorted(_ACTIVATIONS))  # model.tiered.detector_activation
 STORY_SCORES = ("sum", "max")
 PADDING_ROWS = ("zero", "encoded")
 PADDING_ROW_ATTENTION = ("legacy", "masked")
@@ -107,7 +108,7 @@ class TieredConfig:
             raise ValueError(
                 f"detector width {self.detector_d_model} (embedding_projection + "
                 f"state_projection) must be divisible by detector_heads={self.detector_heads}")
-        for name, choices in (("detector_activation", sorted(_ACTIVATIONS)),
+        for name, choices in (("detector_activation", ACTIVATIONS),
                               ("story_score", STORY_SCORES), ("padding_rows", PADDING_ROWS),
                               ("padding_row_attention", PADDING_ROW_ATTENTION),
                               ("cells", CELLS)):
