@@ -69,10 +69,19 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
         assert explanation["text"].startswith(f"Story {r['predicted_story'] + 1} is plausible")
         assert all(s["side"] in ("effect", "precondition") for s in explanation["states"])
     assert sum(r["correct"] for r in records) == round(scores["accuracy"] * 8)
+    # The data directory holds HAR's test marker: the 8 pairs split into curated and implicit.
+    halves = report["by_marker"]
+    assert halves["found"] and halves["marker"] == "test_curated.har.jsonl"
+    assert halves["curated"]["num_pairs"] + halves["implicit"]["num_pairs"] == 8
+    assert halves["curated"]["num_pairs"] > 0 and halves["implicit"]["num_pairs"] > 0
+    correct = sum(r["correct"] for r in records)
+    assert correct == round(sum(halves[h]["accuracy"] * halves[h]["num_pairs"]
+                                for h in ("curated", "implicit")))
 
     markdown = (evaluated / f"test.{BEST}.md").read_text()
     assert "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |" in markdown
     assert "| random baseline (10 seeds) |" in markdown and "| random bert |" in markdown
+    assert "## Curated and implicit pairs (HAR's marker)" in markdown
     for plot in (f"test.{BEST}.failure_modes.png", f"test.{BEST}.attributes.png"):
         data = (evaluated / plot).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 1000

@@ -19,7 +19,8 @@ other):
   sets) and its explanation (``explain.explain_pair``: predicted story, conflicting pair, the
   states behind it, in words);
 - ``SPLIT.CHECKPOINT.md``: the layout of Tables 2-4, with the random baseline on the same pairs
-  as a row;
+  as a row, and the tiers of the curated and the implicit pairs (``curated``: HAR's marker file
+  in the data directory; "marker not found" without it);
 - ``SPLIT.CHECKPOINT.failure_modes.png`` and ``SPLIT.CHECKPOINT.attributes.png``.
 
 ``config`` supplies the data (directory, protocol, pair limit) and the batching; its model must be
@@ -45,8 +46,8 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import (batch_contract, checkpoints, decoding, explain, input_pipeline, losses,
-                      metrics, protocol, random_baseline, reports, sharding)
+from trip_jax import (batch_contract, checkpoints, curated, decoding, explain, input_pipeline,
+                      losses, metrics, protocol, random_baseline, reports, sharding)
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.types import StoryPair
 from trip_jax.input_pipeline import Layout
@@ -308,11 +309,22 @@ def write_checkpoint_report(out_dir: str | os.PathLike, split: str,
                             ) -> dict[str, Any]:
     """Writes a checkpoint's report of one split (module docstring) as ``out_dir/STEM.*``
     (default stem: ``split``), with the random baseline of the same ``pairs`` as a comparison
-    row; returns ``reports.write_report``'s paths."""
+    row and the tiers of the curated and the implicit pairs (``marker_split``); returns
+    ``reports.write_report``'s paths."""
     row = random_baseline.random_baseline(pairs, seeds=random_baseline.SEEDS)
     return reports.write_report(epath.Path(out_dir), split, evaluation.scores,
                                 report_metadata(restored, splits), evaluation.records,
-                                baselines={baseline_name(): row}, stem=stem)
+                                baselines={baseline_name(): row}, stem=stem,
+                                by_marker=marker_split(splits, split, pairs, evaluation.records))
+
+
+def marker_split(splits: protocol.ProtocolSplits, split: str, pairs: Sequence[StoryPair],
+                 records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``curated.marker_split`` of one protocol split's records, the marker file read from the
+    directory of the split's data files ("marker not found" when it is not there)."""
+    data_dir = os.path.dirname(next(iter(splits.files.values())))
+    return curated.split_pairs_by_marker(pairs, records, data_dir,
+                                         curated.source_split(split, splits.protocol))
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.PathLike,

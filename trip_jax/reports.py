@@ -3,10 +3,13 @@
 ``write_report(out_dir, split, metrics, metadata, records)`` writes, for a metrics dict from
 ``trip_jax.metrics.tiered_metrics``:
 
-- ``SPLIT.json``: the metadata (checkpoint step, protocol, data-file hashes, ...) and all metrics;
+- ``SPLIT.json``: the metadata (checkpoint step, protocol, data-file hashes, ...) and all metrics,
+  and with ``by_marker`` (``trip_jax.curated.marker_split``) the tiers of the curated and the
+  implicit pairs;
 - ``SPLIT.md``: tables laid out like the paper's Tables 2-3 (accuracy / consistency /
-  verifiability) and Table 4 (precondition / effect / conflict F1), then the failure modes
-  (Figure 3) and the per-attribute scores (Figure 5);
+  verifiability), the curated / implicit split when given ("marker not found" without a marker
+  file), Table 4 (precondition / effect / conflict F1), then the failure modes (Figure 3) and the
+  per-attribute scores (Figure 5);
 - ``SPLIT.failure_modes.png`` and ``SPLIT.attributes.png`` (matplotlib, Agg canvas);
 - ``SPLIT.predictions.jsonl`` when per-pair records are given (one JSON object a line).
 
@@ -84,13 +87,15 @@ def _pct(value: Any) -> str:
 
 
 def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[str, Any],
-                     baselines: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+                     baselines: Mapping[str, Mapping[str, Any]] | None = None,
+                     by_marker: Mapping[str, Any] | None = None) -> str:
     """Returns the Markdown report: run facts, Tables 2-4 layout, failure modes, attributes.
 
     ``metadata`` keys shown when present: ``model`` (row name, default "model"),
     ``checkpoint_step``, ``checkpoint``, ``protocol``, ``data_files`` ({path: sha256}),
     ``notes`` (lines listed under "Notes", e.g. what a scored file could not give).
-    ``baselines`` ({row name: metrics-like dict}) adds comparison rows, e.g. the random baseline.
+    ``baselines`` ({row name: metrics-like dict}) adds comparison rows, e.g. the random baseline;
+    ``by_marker`` (``trip_jax.curated.marker_split``) the curated / implicit table.
     """
     name = str(metadata.get("model", "model"))
     rows = {**(baselines or {}), name: metrics}
@@ -111,6 +116,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
         lines.append(f"| {row} | {_pct(m.get('accuracy'))} | {_pct(m.get('consistency'))} "
                      f"| {_pct(m.get('verifiability'))} |")
     lines += _decoding_table(metrics)
+    lines += _marker_table(by_marker)
     lines += ["", "## Low-level tasks, macro-F1 (layout of Table 4)", "",
               "| Model | Prec. F1 (%) | Eff. F1 (%) | Confl. F1 (%) |", "|---|---:|---:|---:|"]
     for row, m in rows.items():
@@ -149,6 +155,27 @@ def _decoding_table(metrics: Mapping[str, Any]) -> list[str]:
         lines.append(f"| {method} | {_pct(metrics[f'{method}/accuracy'])} "
                      f"| {_pct(metrics[f'{method}/consistency'])} "
                      f"| {_pct(metrics[f'{method}/verifiability'])} |")
+    return lines
+
+
+def _marker_table(by_marker: Mapping[str, Any] | None) -> list[str]:
+    """The tiers of the curated and the implicit pairs (``curated.marker_split``'s result), of
+    the reported decoding and of every decoding; "marker not found" without a marker."""
+    if by_marker is None:
+        return []
+    lines = ["", "## Curated and implicit pairs (HAR's marker)", ""]
+    if not by_marker.get("found"):
+        return lines + [f"Marker not found (no `{by_marker['marker']}` in the data directory): "
+                        "no split by the curated marker."]
+    lines += [f"Curated: the pairs of `{by_marker['marker']}`; implicit: the other pairs.", "",
+              "| Pairs | Decoding | Count | Accuracy (%) | Consistency (%) | Verifiability (%) |",
+              "|---|---|---:|---:|---:|---:|"]
+    for subset in ("curated", "implicit"):
+        half = by_marker[subset]
+        for method, tiers in {"(reported)": half, **half.get("by_decoding", {})}.items():
+            cells = " | ".join(_pct(tiers[key])
+                               for key in ("accuracy", "consistency", "verifiability"))
+            lines.append(f"| {subset} | {method} | {half['num_pairs']} | {cells} |")
     return lines
 
 
@@ -246,7 +273,8 @@ def write_report(out_dir: epath.PathLike, split: str, metrics: Mapping[str, Any]
                  metadata: Mapping[str, Any] | None = None,
                  records: Iterable[Mapping[str, Any]] | None = None,
                  baselines: Mapping[str, Mapping[str, Any]] | None = None,
-                 stem: str | None = None) -> dict[str, epath.Path]:
+                 stem: str | None = None, by_marker: Mapping[str, Any] | None = None
+                 ) -> dict[str, epath.Path]:
     """Writes the JSON, Markdown, plots and (if ``records``) predictions of one split.
 
     Args:
@@ -258,6 +286,8 @@ def write_report(out_dir: epath.PathLike, split: str, metrics: Mapping[str, Any]
       records: per-pair JSON-ready dicts for ``SPLIT.predictions.jsonl``.
       baselines: extra table rows ({name: metrics-like dict}), e.g. the random baseline.
       stem: the files' name stem (default ``split``), e.g. ``test.best_accuracy-1016``.
+      by_marker: the tiers of the curated and implicit pairs (``curated.marker_split``), stored
+        as "by_marker" in the JSON and shown in the Markdown.
 
     Returns {"json", "markdown", "failure_modes_plot", "attributes_plot"[, "predictions"]: path}.
     """
@@ -271,8 +301,10 @@ def write_report(out_dir: epath.PathLike, split: str, metrics: Mapping[str, Any]
     document = {"split": split, **metadata, "metrics": metrics}
     if baselines:
         document["baselines"] = baselines
+    if by_marker is not None:
+        document["by_marker"] = by_marker
     paths["json"].write_text(json.dumps(to_jsonable(document), indent=2, allow_nan=False) + "\n")
-    paths["markdown"].write_text(markdown_summary(split, metrics, metadata, baselines))
+    paths["markdown"].write_text(markdown_summary(split, metrics, metadata, baselines, by_marker))
     plot_failure_modes(metrics, paths["failure_modes_plot"], f"Failure modes ({split})")
     plot_attribute_f1(metrics, paths["attributes_plot"],
                       f"Correct states by attribute ({split}; numbers: count)")

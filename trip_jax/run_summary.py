@@ -8,6 +8,11 @@ the min-max over the runs, for every decoding the reports hold. A run's wall tim
 its ``wall_time`` records (one per training process; setup, compilation and test scoring
 included). Nothing is computed from
 anything but those files, so a summary can be re-derived from what ``results/`` keeps.
+
+The tiers of the curated and the implicit pairs (``trip_jax.curated``) come from each report's
+"by_marker"; a report written before it existed is split from its ``test.predictions.jsonl``
+with the marker of ``--data_dir`` (default ``$TRIP_DATA_DIR``), and without a marker the
+summary says "marker not found".
 """
 
 from __future__ import annotations
@@ -21,15 +26,18 @@ from typing import Any
 
 from etils import epath
 
+from trip_jax import curated
+from trip_jax.data import readers
 from trip_jax.metrics import TIER_METRICS
 
 STATE_F1: tuple[str, ...] = ("precondition_f1", "effect_f1")
 
 
-def read_run(run_dir: epath.PathLike) -> dict[str, Any]:
+def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, Any]:
     """One run's facts: name, seed, selected step and epoch, test scores of every decoding,
-    state F1s, held-out scores of the selected step and the wall time (``wall_time`` records).
-    Raises FileNotFoundError naming the missing file."""
+    state F1s, held-out scores of the selected step, the wall time (``wall_time`` records) and
+    the curated / implicit split (``marker_split``). Raises FileNotFoundError naming the missing
+    file."""
     run = epath.Path(run_dir)
     report_path, log_path = run / "reports" / "test.json", run / "metrics.jsonl"
     for path in (report_path, log_path):
@@ -52,19 +60,41 @@ def read_run(run_dir: epath.PathLike) -> dict[str, Any]:
         "test": test, **{k: scores[k] for k in STATE_F1},
         "held_out": {t: held_out.get(t) for t in TIER_METRICS},
         "wall_seconds": sum(r["seconds"] for r in log if r["split"] == "wall_time") or None,
+        "by_marker": report.get("by_marker") or marker_split(run / "reports", data_dir),
     }
 
 
-def summarize(run_dirs: Sequence[epath.PathLike]) -> dict[str, Any]:
-    """Reads every run (``read_run``) and adds, per decoding and tier, the mean, min and max."""
+def marker_split(reports_dir: epath.Path, data_dir: str | None) -> dict[str, Any]:
+    """``curated.marker_split`` of a test report's ``test.predictions.jsonl`` (pair ids matched
+    to test pairs of ``data_dir``, default ``$TRIP_DATA_DIR``); not found without the data."""
+    name = curated.MARKER_FILE.format(split="test")
+    data_dir = data_dir or os.environ.get(readers.DATA_DIR_ENV)
+    predictions = reports_dir / "test.predictions.jsonl"
+    if not data_dir or not predictions.exists():
+        return curated.marker_split([], None, name)
+    ids, path = None, curated.marker_path(data_dir, "test")
+    if os.path.isfile(path):
+        ids, path = curated.curated_ids(readers.load_split(data_dir, "test"), data_dir, "test")
+    records = [json.loads(line) for line in predictions.read_text().splitlines() if line.strip()]
+    return curated.marker_split(records, ids, os.path.basename(path))
+
+
+def summarize(run_dirs: Sequence[epath.PathLike], data_dir: str | None = None
+              ) -> dict[str, Any]:
+    """Reads every run (``read_run``) and adds, per decoding and tier, the mean, min and max
+    (and per marker half, "curated" / "implicit", when every run has the marker)."""
     if not run_dirs:
         raise ValueError("no run directories given")
-    runs = [read_run(d) for d in run_dirs]
+    runs = [read_run(d, data_dir) for d in run_dirs]
     methods = sorted(set.intersection(*(set(r["test"]) for r in runs)))
     spread = {m: {t: _spread([r["test"][m][t] for r in runs]) for t in TIER_METRICS}
               for m in methods}
     for key in STATE_F1:
         spread.setdefault("states", {})[key] = _spread([r[key] for r in runs])
+    if all(r["by_marker"]["found"] and all(r["by_marker"][h]["num_pairs"] for h in
+                                           curated.SUBSETS) for r in runs):
+        spread["by_marker"] = {half: {t: _spread([r["by_marker"][half][t] for r in runs])
+                                      for t in TIER_METRICS} for half in curated.SUBSETS}
     return {"runs": runs, "spread": spread, "decoding": runs[0]["decoding"]}
 
 
@@ -79,7 +109,7 @@ def _pct(x: float | None) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     """The summary as Markdown: per-run rows, then mean (min-max) per decoding."""
     runs, spread = summary["runs"], summary["spread"]
-    methods = [m for m in spread if m != "states"]
+    methods = [m for m in spread if m not in ("states", "by_marker")]
     lines = [f"# Test scores over {len(runs)} runs (selected checkpoint)", "",
              f"Headline decoding: `{summary['decoding']}`. Scores in %.", "",
              "| run | seed | step (epoch) | decoding | accuracy | consistency | verifiability "
@@ -105,7 +135,30 @@ def markdown(summary: dict[str, Any]) -> str:
               f"–{_pct(states['precondition_f1']['max'])}), effect "
               f"{_pct(states['effect_f1']['mean'])} ({_pct(states['effect_f1']['min'])}"
               f"–{_pct(states['effect_f1']['max'])})."]
+    lines += _marker_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def _marker_lines(summary: dict[str, Any]) -> list[str]:
+    """Per run and over the runs: the tiers of the curated and the implicit pairs (the
+    reported decoding), or "marker not found"."""
+    lines = ["", "Curated and implicit pairs (HAR's marker), accuracy / consistency / "
+             "verifiability:", "", "| run | curated | implicit |", "|---|---|---|"]
+    for r in summary["runs"]:
+        marker = r["by_marker"]
+        if not marker["found"]:
+            lines.append(f"| {r['run']} | marker not found | marker not found |")
+            continue
+        cells = [f"{' / '.join(_pct(marker[h][t]) for t in TIER_METRICS)} "
+                 f"({marker[h]['num_pairs']} pairs)" for h in curated.SUBSETS]
+        lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
+    spread = summary["spread"].get("by_marker")
+    if spread:
+        cells = [" / ".join(f"{_pct(spread[h][t]['mean'])} ({_pct(spread[h][t]['min'])}–"
+                            f"{_pct(spread[h][t]['max'])})" for t in TIER_METRICS)
+                 for h in curated.SUBSETS]
+        lines.append("| mean (min–max) | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,9 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", help="finished training workdirs")
     parser.add_argument("--out", help="where summary.md and summary.json go "
                                       "(default: the runs' common parent)")
+    parser.add_argument("--data_dir", help="TRIP data directory with the curated marker, for "
+                                           "reports without it (default: $TRIP_DATA_DIR)")
     args = parser.parse_args(argv)
     try:
-        summary = summarize(args.runs)
+        summary = summarize(args.runs, args.data_dir)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
