@@ -321,8 +321,50 @@ def test_bad_decoding_settings_are_refused():
         DecodingConfig(method="coherent", conflict_weight=-1)
     with pytest.raises(KeyError, match="persistance"):
         DecodingConfig.from_mapping({"method": "coherent", "persistance": False})
-    for threshold in (-0.1, 1.0):
-        with pytest.raises(ValueError, match="state_threshold"):
-            DecodingConfig(method="coherent", state_threshold=threshold)
+    for key in ("state_threshold", "backing_threshold", "conflict_state_threshold"):
+        for threshold in (-0.1, 1.0):
+            with pytest.raises(ValueError, match=key):
+                DecodingConfig(method="coherent", **{key: threshold})
     with pytest.raises(KeyError, match="coherent decoding needs"):
         decoding.decode({"story_pred": np.zeros(1)}, COHERENT)
+
+
+def test_a_backing_cell_below_the_backing_threshold_keeps_its_read_state():
+    eff = confident({(1, 0, 1, POWER): TRUE})
+    pre = confident({})
+    # The breakpoint's precondition "unpowered" is a weak belief (0.3; "unknown" is 0.6).
+    pre[1, 0, 3, POWER, :3] = np.log([0.6, 0.3, 0.1])
+    arrays = pair(pre_logits=pre, eff_logits=eff)
+    forced = decoding.decode(arrays, COHERENT)
+    found = assert_backed(forced)
+    assert (found.entity, found.evidence, found.breakpoint) == (0, 1, 3)
+    config = dataclasses.replace(COHERENT, backing_threshold=0.4)
+    kept = decoding.decode(arrays, config)
+    # Same story and conflict; the weak cell keeps the head's state, the sure one is set.
+    assert kept.contradictions[0] == found
+    assert kept.story_pred[0] == forced.story_pred[0]
+    np.testing.assert_array_equal(kept.conflict_prob, forced.conflict_prob)
+    assert kept.pre_pred[0, 1, 0, 3, POWER] == 0
+    assert kept.eff_pred[0, 1, 0, 1, POWER] == TRUE
+    assert decoding.decode(arrays, dataclasses.replace(COHERENT, backing_threshold=0.25)
+                           ).pre_pred[0, 1, 0, 3, POWER] == FALSE
+
+
+def test_the_explanations_states_need_the_conflict_state_threshold():
+    eff = confident({(1, 0, 1, POWER): TRUE, (1, 1, 1, OPEN): TRUE, (1, 1, 2, OPEN): TRUE})
+    pre = confident({(1, 0, 3, POWER): FALSE, (1, 1, 3, OPEN): TRUE})
+    # At the evidence and the breakpoint, entity 1's states are believed at 0.6 only; the same
+    # belief at sentence 2 (not part of the explanation) is kept.
+    for logits, s in ((eff, 1), (pre, 3), (eff, 2)):
+        logits[1, 1, s, OPEN, :3] = np.log([0.3, 0.1, 0.6])
+    arrays = pair(pre_logits=pre, eff_logits=eff)
+    config = dataclasses.replace(COHERENT, conflict_state_threshold=0.7)
+    decoded = decoding.decode(arrays, config)
+    found = assert_backed(decoded)
+    assert (found.entity, found.evidence, found.breakpoint) == (0, 1, 3)
+    assert decoded.eff_pred[0, 1, 1, 1, OPEN] == 0 and decoded.pre_pred[0, 1, 1, 3, OPEN] == 0
+    assert decoded.eff_pred[0, 1, 1, 2, OPEN] == TRUE
+    plain = decoding.decode(arrays, COHERENT)
+    assert plain.eff_pred[0, 1, 1, 1, OPEN] == TRUE and plain.pre_pred[0, 1, 1, 3, OPEN] == TRUE
+    # Only the evidence's effects and the breakpoint's preconditions are read that way.
+    np.testing.assert_array_equal(decoded.pre_pred[0, :, :, :3], plain.pre_pred[0, :, :, :3])

@@ -40,6 +40,18 @@ the batch contract's names) and return the four predictions the metrics score: `
   annotates a state under one of the names, almost never under both). The backing cells are
   set after both, so a decoded conflict stays backed.
 
+  Two more options read the explanation's states (off by default; chosen on held-out outputs,
+  docs/results.md, "Verifiability levers on the held-out slice"): ``conflict_state_threshold``
+  asserts an effect at the decoded evidence sentence and a precondition at the decoded
+  breakpoint (the implausible story, every entity) only when the head gives its class at least
+  that probability (the states the explanation consists of are held to a stricter belief than
+  the rest); ``backing_threshold`` sets a backing cell to the contradiction's value only when
+  the head gives that value at least this probability, else the cell keeps its read state (in
+  about half of TRIP's pairs the conflict is not a same-attribute flip, and a forced flip there
+  asserts a state the data contradicts). Neither changes the story or the conflicting pair: the
+  beliefs still mark (i, j) for the backing entity, so such a conflict may be shown without
+  its two backing states.
+
   Ties are broken deterministically: within a story, the first best contradiction in the order
   (entity, evidence i, breakpoint j, attribute, value false-then-true) wins; when both stories
   have the same evidence (identical stories, or neither has two sentences of one entity), the
@@ -83,15 +95,17 @@ class DecodingConfig:
     persistence: bool = True       # coherent: no effect in between may undo the evidence
     state_threshold: float = 0.0   # coherent: a state needs this probability (0: the argmax)
     alias_states: bool = False     # coherent: an object named twice has its states once
+    backing_threshold: float = 0.0  # coherent: a backing cell is set only from this probability
+    conflict_state_threshold: float = 0.0  # coherent: the explanation's states need this
 
     def __post_init__(self):
         if self.method not in DECODINGS:
             raise ValueError(f"unknown decoding {self.method!r}; expected one of {DECODINGS}")
         if self.conflict_weight < 0:
             raise ValueError(f"decoding.conflict_weight must be >= 0, got {self.conflict_weight}")
-        if not 0.0 <= self.state_threshold < 1.0:
-            raise ValueError("decoding.state_threshold must be in [0, 1), got "
-                             f"{self.state_threshold}")
+        for key in ("state_threshold", "backing_threshold", "conflict_state_threshold"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"decoding.{key} must be in [0, 1), got {getattr(self, key)}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> "DecodingConfig":
@@ -262,17 +276,32 @@ def read_states(pred: np.ndarray, logits: np.ndarray, alias: np.ndarray | None,
 
 
 def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np.ndarray,
-                        found: Contradiction | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        found: Contradiction | None, *, pre_logits: np.ndarray | None = None,
+                        eff_logits: np.ndarray | None = None,
+                        config: DecodingConfig = DecodingConfig()
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One pair's decoded states and beliefs ([2, E, S, ...]): the states (``read_states``) with
     the backing cells set, and beliefs 1 at i and j of the contradiction's story for every entity
-    with a non-zero decoded state there (module docstring)."""
+    with a non-zero decoded state there (module docstring). ``conflict_state_threshold`` and
+    ``backing_threshold`` (module docstring) read the logits [2, E, S, 20, C]."""
     pre_pred, eff_pred = np.array(pre_pred), np.array(eff_pred)
     beliefs = np.zeros(row_mask.shape, np.float32)
     if found is None:
         return pre_pred, eff_pred, beliefs
     k, e, a = found.story, found.entity, found.attribute
-    eff_pred[k, e, found.evidence, a] = found.effect
-    pre_pred[k, e, found.breakpoint, a] = found.precondition
+    cells = ((eff_pred, eff_logits, found.evidence, found.effect),
+             (pre_pred, pre_logits, found.breakpoint, found.precondition))
+    if config.conflict_state_threshold:
+        for pred, logits, s, _ in cells:
+            # The explanation's states (story k, sentence s, every entity) need more belief.
+            confidence = np.take_along_axis(log_softmax(logits[k, :, s]),
+                                            pred[k, :, s, :, None], -1)[..., 0]
+            pred[k, :, s][confidence < np.log(config.conflict_state_threshold)] = 0
+    for pred, logits, s, value in cells:
+        # A backing cell takes the contradiction's value unless the head gives it too little.
+        if (not config.backing_threshold
+                or log_softmax(logits[k, e, s, a])[value] >= np.log(config.backing_threshold)):
+            pred[k, e, s, a] = value
     for s in (found.evidence, found.breakpoint):
         involved = (pre_pred[k, :, s] != 0).any(-1) | (eff_pred[k, :, s] != 0).any(-1)
         beliefs[k, :, s] = (involved | (np.arange(len(involved)) == e)) & row_mask[k, :, s]
@@ -317,7 +346,8 @@ def decode(arrays: Mapping[str, np.ndarray], config: DecodingConfig) -> Decoded:
         pre, eff, belief = apply_contradiction(
             read_states(arrays["pre_pred"][n], pair["pre_logits"], alias, config),
             read_states(arrays["eff_pred"][n], pair["eff_logits"], alias, config),
-            pair["row_mask"], found)
+            pair["row_mask"], found, pre_logits=pair["pre_logits"],
+            eff_logits=pair["eff_logits"], config=config)
         story.append(plausible)
         beliefs.append(belief)
         pres.append(pre)
