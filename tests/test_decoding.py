@@ -309,6 +309,16 @@ def test_an_object_named_twice_keeps_its_states_under_its_most_probable_name():
         decoding.decode(pair(pre_logits=pre, eff_logits=eff), config)
 
 
+def test_every_decoding_option_is_a_config_key_off_by_default():
+    from configs import base
+
+    config = DecodingConfig.from_mapping(base.get_config().decoding)
+    assert config == DecodingConfig()
+    assert config.conflict_state_threshold == config.backing_threshold == 0.0
+    assert sorted(base.get_config().decoding) == sorted(
+        f.name for f in dataclasses.fields(DecodingConfig))
+
+
 def test_configs_without_the_state_options_read_as_their_defaults():
     old = {"method": "coherent", "conflict_weight": 0.0, "persistence": True}
     assert DecodingConfig.from_mapping(old) == COHERENT
