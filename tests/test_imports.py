@@ -19,7 +19,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("schema", "config_fields", "runtime", "distributed", "paths", "cli", "selection"),
     ("batch_contract",),
     ("data", "models", "metrics", "decoding", "losses", "optimizers", "explain", "reports",
-     "sharding", "prediction_formats"),
+     "sharding", "prediction_formats", "curated"),
     ("builders", "protocol", "checkpoints", "metric_log", "random_baseline", "run_summary",
      "prediction_matching", "config_rules"),
     ("input_pipeline",),
