@@ -384,6 +384,17 @@ def test_command_writes_the_report_set_and_prints_one_line(cases, data_dir, tmp_
     markdown = (out / "five.md").read_text()
     assert "not applicable: decodings" in markdown and "random baseline (10 seeds)" in markdown
     assert len((out / "five.predictions.jsonl").read_text().splitlines()) == 5
+    # No five_curated.har.jsonl beside the data file: the report says so.
+    assert report["by_marker"] == {"marker": "five_curated.har.jsonl", "found": False}
+    assert "Marker not found" in markdown
+    # With it (the first pair), the tiers of both halves.
+    first = readers.read_pairs(str(data))[0]
+    (tmp_path / "five_curated.har.jsonl").write_text(json.dumps(
+        {"stories": [{"sentences": list(s.sentences)} for s in first.stories]}) + "\n")
+    assert _run(f"--predictions={path}", f"--out={out}", f"--data_file={data}",
+                "--split=five").returncode == 0
+    halves = json.loads((out / "five.json").read_text())["by_marker"]
+    assert (halves["curated"]["num_pairs"], halves["implicit"]["num_pairs"]) == (1, 4)
 
 
 def test_command_reports_bad_input_one_line_each_with_exit_2(cases, data_dir, tmp_path):

@@ -7,8 +7,9 @@ pair of the TRIP split (``trip_jax.prediction_matching``; gold labels from the d
 the readers take), scores them with ``metrics.scored_pairs`` and writes what ``--mode=evaluate``
 writes (``reports.write_report``:
 ``DIR/SPLIT.json``, ``.md``, ``.failure_modes.png``, ``.attributes.png``, ``.predictions.jsonl``,
-with the random baseline of the same pairs as a row). It prints one line: the three tiers in
-percent and the number of pairs. docs/scoring.md has the formats and a worked example.
+with the random baseline of the same pairs as a row, and the tiers of HAR's curated and implicit
+pairs, ``trip_jax.curated``). It prints one line: the three tiers in percent and the number of
+pairs. docs/scoring.md has the formats and a worked example.
 
 Matching: by pair id in any of its forms (the authors' ``257-C0``, the CGLI copy's
 ``257-C0-257-C0``, either story's id), else by the two stories' text; where the file gives the
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from trip_jax import explain, metrics, random_baseline, reports, schema
+from trip_jax import curated, explain, metrics, random_baseline, reports, schema
 from trip_jax import prediction_formats as formats
 from trip_jax import prediction_matching as matching
 from trip_jax.data import readers
@@ -298,6 +299,15 @@ def _load_pairs(args: argparse.Namespace) -> tuple[list[StoryPair], list[str], l
     return pairs, [path], notes
 
 
+def _marker_split(args: argparse.Namespace, pairs: Sequence[StoryPair],
+                  records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``curated.marker_split`` of the scored pairs: the marker of ``--split`` in the data
+    directory (that of ``--data_file`` when given); "marker not found" without it."""
+    data_dir = (os.path.dirname(os.path.abspath(args.data_file)) if args.data_file
+                else readers.default_data_dir(args.data_dir))
+    return curated.split_pairs_by_marker(pairs, records, data_dir, args.split)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command; returns the exit status (0, 1 for missing data, 2 for bad input)."""
     args = parse_args(argv)
@@ -326,9 +336,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "data_files": reports.data_file_hashes(data_files), **scored.metadata}
     metadata["notes"] = metadata["notes"] + reader_notes
     try:
+        by_marker = _marker_split(args, pairs, scored.records)
+    except readers.TripDataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    try:
         paths = reports.write_report(epath.Path(args.out), args.split, scored.scores, metadata,
                                      scored.records,
-                                     baselines={random_baseline.report_name(): baseline})
+                                     baselines={random_baseline.report_name(): baseline},
+                                     by_marker=by_marker)
     except OSError as err:
         print(f"error: --out: cannot write the report to {args.out}: {err}", file=sys.stderr)
         return 1
