@@ -137,15 +137,22 @@ def load_tokenizer(workdir: str):
 def _manager(workdir: str, kind: str, *, keep: int | None = 1, async_save: bool = False,
              create: bool = True) -> ocp.CheckpointManager:
     # Each manager gets its own barrier key: several managers saving asynchronously in a
-    # multi-process run would otherwise collide on orbax's shared barrier name. The training
-    # run's managers (create=True; the run holds the workdir lock) remove the temporary
-    # directories of saves a killed run left unfinished.
+    # multi-process run would otherwise collide on orbax's shared barrier name.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=create, enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=create,
         multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=kind))
     return ocp.CheckpointManager(epath.Path(workdir) / "checkpoints" / kind, options=options,
                                  item_names=_ITEMS[kind])
+
+
+def _remove_unfinished(directory: epath.Path) -> None:
+    """Removes the temporary step directories of saves a killed run left unfinished (process 0;
+    only the training run, which holds the workdir lock, calls this)."""
+    if jax.process_index() != 0 or not directory.is_dir():
+        return
+    for name in ocp.path.step.tmp_checkpoints(directory):
+        logging.info("removing %s, a save a killed run left unfinished", directory / name)
+        (directory / name).rmtree()
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -218,6 +225,8 @@ class RunCheckpoints:
     """The checkpoint managers of one training run (see the module docstring)."""
 
     def __init__(self, workdir: str, *, keep: int, async_save: bool):
+        for kind in KINDS:
+            _remove_unfinished(epath.Path(workdir) / "checkpoints" / kind)
         # At least MIN_KEEP latest steps: a damaged newest one leaves an intact one to resume.
         self.managers = {LATEST: _manager(workdir, LATEST, keep=max(keep, MIN_KEEP),
                                           async_save=async_save)}
