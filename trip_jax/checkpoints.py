@@ -183,6 +183,12 @@ def with_checksums(meta: dict, **trees) -> dict:
     return {**meta, CHECKSUMS: {"meta": checksums.meta_checksum(meta), **recorded}}
 
 
+def _recorded(meta: dict) -> dict:
+    """The checksums ``meta`` records ({} where that entry is not a mapping: damaged)."""
+    recorded = meta.get(CHECKSUMS)
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def verify_meta(meta: dict, where: str) -> bool:
     """Checks ``meta`` against its recorded checksum; False (with a warning) when it records
     none (a checkpoint saved before checksums were), DamagedCheckpointError on a mismatch."""
@@ -191,7 +197,7 @@ def verify_meta(meta: dict, where: str) -> bool:
                         "its weights are used unverified", where)
         return False
     rest = {k: v for k, v in meta.items() if k != CHECKSUMS}
-    saved, found = meta[CHECKSUMS].get("meta"), checksums.meta_checksum(rest)
+    saved, found = _recorded(meta).get("meta"), checksums.meta_checksum(rest)
     if saved != found:
         raise DamagedCheckpointError(f"checkpoint {where} is damaged: its metadata has checksum "
                                      f"{found}, saved with {saved}")
@@ -205,7 +211,8 @@ def verify_arrays(meta: dict, where: str, **trees) -> None:
     if CHECKSUMS not in meta:
         return
     for name, tree in trees.items():
-        mismatch = checksums.first_mismatch(meta[CHECKSUMS].get(name, {}),
+        saved = _recorded(meta).get(name)
+        mismatch = checksums.first_mismatch(saved if isinstance(saved, dict) else {},
                                             checksums.tree_checksums(tree))
         if mismatch is not None:
             path, saved, found = mismatch
