@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import fsspec
 import numpy as np
@@ -18,7 +22,8 @@ from etils import epath
 from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
-from trip_jax import builders, checkpoints, metrics, paths, predict, reports, schema
+from trip_jax import (builders, checkpoints, metrics, paths, predict, reports, schema,
+                      workdir_lock)
 from trip_jax.metric_log import MetricLog
 from trip_jax.data.tokenizers import build_word_level_tokenizer, load_tokenizer, tokenizer_info
 
@@ -193,3 +198,67 @@ def test_local_workdirs_keep_working(tmp_path):
     target = tmp_path / "copy"
     paths.copy_tree(tmp_path / "tensorboard", target)
     assert (target / event.name).read_bytes() == event.read_bytes()
+
+
+def test_workdir_lock_on_gs(fake_gcs, monkeypatch, caplog):
+    root, fs = fake_gcs
+    lock = workdir_lock.acquire(root / "run")
+    path = f"{BUCKET}/run/{workdir_lock.LOCK_FILE}"
+    assert stored(fs) == {path}
+    with pytest.raises(workdir_lock.WorkdirLocked, match=f"process {os.getpid()} on "):
+        workdir_lock.acquire(root / "run")
+    lock.release()
+    assert stored(fs) == set()
+
+    # A holder on this host whose process is gone (a finished child's id) is taken over.
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    stale = {"host": socket.gethostname(), "pid": int(child.stdout), "started": "then",
+             "command": "python -m trip_jax.main", "token": "old"}
+    (root / "run" / workdir_lock.LOCK_FILE).write_text(json.dumps(stale))
+    with caplog.at_level("WARNING"), workdir_lock.acquire(root / "run") as taken:
+        assert taken.holder["pid"] == os.getpid()
+    assert any("taking over" in r.getMessage() and str(stale["pid"]) in r.getMessage()
+               for r in caplog.records)
+    # One on another host cannot be checked from here: refused, named.
+    (root / "run" / workdir_lock.LOCK_FILE).write_text(json.dumps({**stale, "host": "elsewhere"}))
+    with pytest.raises(workdir_lock.WorkdirLocked, match="on elsewhere"):
+        workdir_lock.acquire(root / "run")
+
+
+def test_atomic_writes_leave_the_previous_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "config.json"
+    paths.write_atomic(target, "old\n")
+
+    def crash(*args):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(paths.os, "replace", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        paths.write_atomic(target, "new\n")
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == [
+        "config.json"]
+    monkeypatch.undo()
+    reports.write_predictions(tmp_path / "p.jsonl", [{"a": 1}, {"a": 2}])
+    assert (tmp_path / "p.jsonl").read_text() == '{"a": 1}\n{"a": 2}\n'
+
+
+def test_atomic_writes_on_gs_leave_no_temporary_objects(fake_gcs):
+    root, fs = fake_gcs
+    paths.write_atomic(root / "run" / "config.json", "{}\n")
+    paths.write_atomic(root / "run" / "config.json", '{"a": 1}\n')
+    assert stored(fs) == {f"{BUCKET}/run/config.json"}
+    assert (root / "run" / "config.json").read_text() == '{"a": 1}\n'
+
+
+def test_metric_log_cuts_a_partial_last_line(tmp_path, caplog):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "split": "train"}\n{"step": 2, "split": "tr')
+    metric_log = MetricLog(tmp_path)
+    with caplog.at_level("WARNING"):
+        metric_log.drop_after(5)
+    metric_log.write(2, "train", {"loss/total": 0.5})
+    metric_log.close()
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    (warning,) = [r.getMessage() for r in caplog.records if "partial line" in r.getMessage()]
+    assert "\n" not in warning

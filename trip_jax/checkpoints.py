@@ -13,8 +13,16 @@ A workdir holds:
 ``meta`` (JSON) holds the step, epoch, selection metrics, protocol, the config and the encoder
 config, so every checkpoint directory is self-describing. Best checkpoints are ranked by the
 tuple of ``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
-Orbax writes each step to a temporary directory and renames it when complete, so a run killed
-while saving leaves the previous checkpoints intact.
+Orbax writes each step to a temporary directory and renames it when complete (on ``gs://``: writes
+``commit_success.txt`` last), and lists only completed steps, so a run killed while saving leaves
+the previous checkpoints intact and readers never see a step still being written.
+
+Verified checkpoints: ``meta["checksums"]`` records the checksum of every saved array (by tree
+path, ``trip_jax.checksums``) and of the rest of ``meta``, saved in the same commit. Restoring
+checks them before the weights are used: a mismatch, or a step orbax cannot read, is a
+``DamagedCheckpointError`` naming the step, the array and both checksums. Resuming falls back
+to the newest intact ``latest`` step (at least two are kept) and removes the damaged newer ones.
+Checkpoints saved before checksums were recorded restore with a warning.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ from typing import Any
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 from etils import epath
 
-from trip_jax import builders, sharding
+from trip_jax import builders, checksums, paths, sharding
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
 from trip_jax.models.tiered import TieredConfig
 
@@ -50,8 +59,18 @@ ENCODER_CONFIG_FILE = "encoder_config.json"
 TOKENIZER_DIR = "tokenizer"
 
 
+# Latest checkpoints kept at least, so that a damaged newest one has an intact one behind it.
+MIN_KEEP = 2
+CHECKSUMS = "checksums"  # the key of meta that holds the checksums
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, or does not belong to the given config."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint's files cannot be read, or its arrays or metadata differ from the checksums
+    recorded when it was saved."""
 
 
 def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -102,8 +121,8 @@ def write_run_files(workdir: str, config, hf_config, tokenizer) -> None:
         return
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
-    (root / CONFIG_FILE).write_text(config.to_json(indent=2) + "\n")
-    (root / ENCODER_CONFIG_FILE).write_text(hf_config.to_json_string())
+    paths.write_atomic(root / CONFIG_FILE, config.to_json(indent=2) + "\n")
+    paths.write_atomic(root / ENCODER_CONFIG_FILE, hf_config.to_json_string())
     save_tokenizer(tokenizer, root / TOKENIZER_DIR)
 
 
@@ -126,19 +145,80 @@ def _manager(workdir: str, kind: str, *, keep: int | None = 1, async_save: bool 
                                  item_names=_ITEMS[kind])
 
 
+def _remove_unfinished(directory: epath.Path) -> None:
+    """Removes the temporary step directories of saves a killed run left unfinished (process 0;
+    only the training run, which holds the workdir lock, calls this)."""
+    if jax.process_index() != 0 or not directory.is_dir():
+        return
+    for name in ocp.path.step.tmp_checkpoints(directory):
+        logging.info("removing %s, a save a killed run left unfinished", directory / name)
+        (directory / name).rmtree()
+
+
 def _abstract(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         tree, shardings)
 
 
+def _one_line(text: Any, limit: int = 300) -> str:
+    """The first line of ``text``, at most ``limit`` characters."""
+    line = (str(text).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 def _restore(manager: ocp.CheckpointManager, step: int, **items) -> Any:
-    """Restores ``items`` of one step, turning any failure into a CheckpointError."""
+    """Restores ``items`` of one step, turning any failure into a DamagedCheckpointError."""
     where = epath.Path(manager.directory) / str(step)
     try:
         return manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as err:  # orbax raises many types for unreadable/mismatched data
-        raise CheckpointError(f"could not restore the checkpoint {where}: "
-                              f"{type(err).__name__}: {err}") from err
+        raise DamagedCheckpointError(f"could not restore the checkpoint {where}: "
+                                     f"{type(err).__name__}: {_one_line(err)}") from err
+
+
+def with_checksums(meta: dict, **trees) -> dict:
+    """``meta`` plus ``meta["checksums"]``: the checksums of ``meta`` itself and of every array
+    of ``trees`` (item name -> tree), to save in the same checkpoint as those trees."""
+    recorded = {name: checksums.tree_checksums(tree) for name, tree in trees.items()}
+    return {**meta, CHECKSUMS: {"meta": checksums.meta_checksum(meta), **recorded}}
+
+
+def _recorded(meta: dict) -> dict:
+    """The checksums ``meta`` records ({} where that entry is not a mapping: damaged)."""
+    recorded = meta.get(CHECKSUMS)
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def verify_meta(meta: dict, where: str) -> bool:
+    """Checks ``meta`` against its recorded checksum; False (with a warning) when it records
+    none (a checkpoint saved before checksums were), DamagedCheckpointError on a mismatch."""
+    if CHECKSUMS not in meta:
+        logging.warning("checkpoint %s carries no checksums (saved before they were recorded): "
+                        "its weights are used unverified", where)
+        return False
+    rest = {k: v for k, v in meta.items() if k != CHECKSUMS}
+    saved, found = _recorded(meta).get("meta"), checksums.meta_checksum(rest)
+    if saved != found:
+        raise DamagedCheckpointError(f"checkpoint {where} is damaged: its metadata has checksum "
+                                     f"{found}, saved with {saved}")
+    return True
+
+
+def verify_arrays(meta: dict, where: str, **trees) -> None:
+    """Checks the arrays of ``trees`` (item name -> restored tree) against the checksums that
+    ``meta`` records (nothing to check when it records none): DamagedCheckpointError naming
+    the first array that differs and both checksums."""
+    if CHECKSUMS not in meta:
+        return
+    for name, tree in trees.items():
+        saved = _recorded(meta).get(name)
+        mismatch = checksums.first_mismatch(saved if isinstance(saved, dict) else {},
+                                            checksums.tree_checksums(tree))
+        if mismatch is not None:
+            path, saved, found = mismatch
+            raise DamagedCheckpointError(
+                f"checkpoint {where} is damaged: {name}{path} has checksum {found}, "
+                f"saved with {saved}")
 
 
 def ranking_score(kind: str, scores: Mapping[str, Any]) -> tuple[float, ...]:
@@ -152,7 +232,11 @@ class RunCheckpoints:
     """The checkpoint managers of one training run (see the module docstring)."""
 
     def __init__(self, workdir: str, *, keep: int, async_save: bool):
-        self.managers = {LATEST: _manager(workdir, LATEST, keep=keep, async_save=async_save)}
+        for kind in KINDS:
+            _remove_unfinished(epath.Path(workdir) / "checkpoints" / kind)
+        # At least MIN_KEEP latest steps: a damaged newest one leaves an intact one to resume.
+        self.managers = {LATEST: _manager(workdir, LATEST, keep=max(keep, MIN_KEEP),
+                                          async_save=async_save)}
         for kind in RANKING:
             self.managers[kind] = _manager(workdir, kind, async_save=async_save)
         self._best = {kind: self._saved_score(kind) for kind in RANKING}
@@ -167,32 +251,64 @@ class RunCheckpoints:
         if step is None:
             return None
         meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        verify_meta(meta, str(epath.Path(manager.directory) / str(step)))
         return ranking_score(kind, meta["metrics"])
 
     def restore_latest(self, abstract_params, abstract_opt_state, param_shardings,
                        opt_shardings, config) -> tuple[Any, Any, dict]:
-        """Restores (params, opt_state, meta) of the newest checkpoint onto the given shardings.
+        """Restores (params, opt_state, meta) of the newest intact checkpoint onto the given
+        shardings, verified against its checksums.
 
-        CheckpointError when there is none, or when it belongs to another model config.
+        A damaged step is reported in one warning line and removed once an older intact step
+        is found. CheckpointError when there is no checkpoint, when none is intact (nothing is
+        removed then), or when the newest belongs to another model config.
         """
         manager = self.managers[LATEST]
-        step = manager.latest_step()
-        if step is None:
+        steps = sorted(manager.all_steps(), reverse=True)
+        if not steps:
             raise CheckpointError(f"no checkpoint to resume from in {manager.directory}")
+        damaged = []
+        for step in steps:
+            try:
+                restored = self._restore_latest_step(
+                    step, _abstract(abstract_params, param_shardings),
+                    _abstract(abstract_opt_state, opt_shardings), config)
+            except DamagedCheckpointError as err:
+                logging.warning("%s; %s", err, "trying the step before" if step != steps[-1]
+                                else "no older checkpoint is left")
+                damaged.append(step)
+                continue
+            for bad in damaged:
+                manager.delete(bad)
+            if damaged:
+                logging.warning("resuming from step %d of %s, the newest intact checkpoint; "
+                                "removed the damaged steps %s", step, manager.directory,
+                                damaged)
+            return restored
+        raise DamagedCheckpointError(
+            f"no intact checkpoint to resume from in {manager.directory}: steps {damaged} are "
+            "all damaged (see the warnings above); move them away to start afresh")
+
+    def _restore_latest_step(self, step: int, params, opt_state, config
+                             ) -> tuple[Any, Any, dict]:
+        """(params, opt_state, meta) of one latest step, verified (``restore_latest``)."""
+        manager = self.managers[LATEST]
         where = str(epath.Path(manager.directory) / str(step))
         meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        verify_meta(meta, where)
         check_compatible(meta["config"], config, where)
-        restored = _restore(
-            manager, step,
-            params=ocp.args.StandardRestore(_abstract(abstract_params, param_shardings)),
-            opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state, opt_shardings)))
+        restored = _restore(manager, step, params=ocp.args.StandardRestore(params),
+                            opt_state=ocp.args.StandardRestore(opt_state))
+        verify_arrays(meta, where, params=restored.params, opt_state=restored.opt_state)
         return restored.params, restored.opt_state, meta
 
     def save_latest(self, step: int, params, opt_state, meta: dict) -> None:
-        """Saves the resumable state of ``step`` (a no-op if that step is already saved)."""
+        """Saves the resumable state of ``step`` with its checksums (a no-op if that step is
+        already saved)."""
         manager = self.managers[LATEST]
         if step in manager.all_steps():
             return
+        meta = with_checksums(meta, params=params, opt_state=opt_state)
         manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
             meta=ocp.args.JsonSave(meta)))
@@ -200,15 +316,16 @@ class RunCheckpoints:
     def save_if_best(self, step: int, params, meta: dict) -> list[str]:
         """Saves ``params`` as each best checkpoint that ``meta["metrics"]`` improves; returns
         the names of those it replaced."""
-        improved = []
+        improved, saved_meta = [], None
         for kind in RANKING:
             score = ranking_score(kind, meta["metrics"])
             if self._best[kind] is not None and score <= self._best[kind]:
                 continue
             manager = self.managers[kind]
             if step not in manager.all_steps():
+                saved_meta = saved_meta or with_checksums(meta, params=params)
                 manager.save(step, args=ocp.args.Composite(
-                    params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)))
+                    params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(saved_meta)))
             self._best[kind] = score
             improved.append(kind)
         return improved
@@ -276,13 +393,16 @@ def restore_for_eval(workdir: str, which: str | int = BEST_VERIFIABILITY, *,
     Parameters are restored with the shardings of ``mesh`` (default: every current device, with
     the training run's fsdp size where it divides the device count), so a device count other
     than the training run's works. With ``config``, a checkpoint trained with a different model
-    config is an error.
+    config is an error. The parameters are verified against the checksums saved with them:
+    DamagedCheckpointError on a mismatch or an unreadable file, a warning for a checkpoint
+    saved before checksums were recorded.
     """
     kind, step = _find_step(workdir, which)
     manager = _manager(workdir, kind, keep=None, create=False)
     try:
         where = str(epath.Path(manager.directory) / str(step))
         meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        verify_meta(meta, where)
         if config is not None:
             check_compatible(meta["config"], config, where)
         saved = ml_collections.ConfigDict(meta["config"])
@@ -295,6 +415,7 @@ def restore_for_eval(workdir: str, which: str | int = BEST_VERIFIABILITY, *,
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
         params = _restore(manager, step,
                           params=ocp.args.StandardRestore(_abstract(abstract, shardings))).params
+        verify_arrays(meta, where, params=params)
     finally:
         manager.close()
     return EvalModel(model=model, params=params, tokenizer=load_tokenizer(workdir),

@@ -17,8 +17,9 @@ A bad command line (unknown flag or config key, a value of the wrong type, outsi
 or its range (``trip_jax.config_rules``), mesh sizes or a batch size that do not fit the devices,
 a config file that does not load) is one ``error: ...`` line naming the key and what is allowed,
 with exit status 2, before any work starts (``trip_jax.cli``). A missing, unreadable or
-mismatched checkpoint, missing data or spaCy model, or unusable input ends the run with a
-one-line ``error: ...`` message and exit status 1.
+mismatched checkpoint (one whose arrays differ from their saved checksums included), missing data
+or spaCy model, or unusable input ends the run with a one-line ``error: ...`` message and exit
+status 1; a workdir held by another training run, with exit status 2.
 
 The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it)
 and ``--show_config`` prints it to stdout. ``--mode=predict`` logs warnings and errors only (an
@@ -40,7 +41,7 @@ from ml_collections import config_flags
 
 from trip_jax import (builders, checkpoints, cli, config_rules, decoding, distributed, evaluate,
                       input_pipeline, optimizers, predict, protocol, random_baseline, runtime,
-                      selection, train)
+                      selection, train, workdir_lock)
 from trip_jax.data import features, readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
@@ -84,7 +85,8 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 }
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
-               input_pipeline.UnknownSplitError, predict.PredictionError)
+               input_pipeline.UnknownSplitError, predict.PredictionError,
+               workdir_lock.WorkdirLocked)
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
@@ -221,7 +223,8 @@ def main(argv) -> None:
         runtime.configure_jax(FLAGS.config)
         MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
     except USER_ERRORS as err:
-        sys.exit(f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(getattr(err, "exit_code", 1))  # 2 for a workdir held by another run
 
 
 if __name__ == "__main__":

@@ -45,15 +45,21 @@ class MetricLog:
 
     def drop_after(self, step: int) -> None:
         """Removes the records of steps after ``step``: an interrupted run logged them after its
-        last checkpoint, and the run resumed from ``step`` logs them again."""
+        last checkpoint, and the run resumed from ``step`` logs them again. A last line without
+        its newline (a write cut short) is cut off, with a warning."""
         if not self.enabled or not self.path.exists():
             return
-        lines = self.path.read_text().splitlines()
+        text = self.path.read_text()
+        lines = text.splitlines()
+        if text and not text.endswith("\n"):
+            logging.warning("%s ended in a partial line (a write cut short); cut off: %.80r",
+                            self.path, lines.pop())
         kept = [line for line in lines if json.loads(line)["step"] <= step]
         if len(kept) < len(lines):
             logging.info("metrics.jsonl: dropped %d records after step %d (logged again on "
                          "resume)", len(lines) - len(kept), step)
-            self.path.write_text("".join(line + "\n" for line in kept))
+        if "".join(line + "\n" for line in kept) != text:
+            paths.write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def close(self) -> None:
         """Closes the TensorBoard writer."""

@@ -6,12 +6,16 @@ GCS: ``pip install gcsfs``). Object stores cannot append to a file, and gcsfs tu
 into overwrite mode with only a warning, so appending goes through ``append_text`` here, and
 TensorBoard event files through ``summary_writer``. Orbax checkpoints take ``gs://``
 directories natively (tensorstore) and need nothing from here.
+
+Files a reader must find whole (config, reports, predictions, summaries) go through
+``write_atomic``: whole or not at all, the previous version staying until the new one is complete.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import uuid
 
 from etils import epath
 
@@ -26,19 +30,55 @@ def is_local(path: epath.PathLike) -> bool:
     return "://" not in os.fspath(path)
 
 
-def append_text(path: epath.PathLike, text: str) -> None:
-    """Appends ``text`` to the file ``path`` (created if missing).
+def write_atomic(path: epath.PathLike, data: str | bytes) -> epath.Path:
+    """Writes ``data`` (text as UTF-8) to the file ``path``, whole or not at all.
 
-    Locally a real append; on an object store the file is read and written back whole, as
-    objects cannot be appended to (fine for the small JSON Lines logs of a run).
+    Locally through a temporary file in the same directory, flushed to disk and renamed over
+    ``path`` (a rename within a file system is atomic): a crash leaves the previous file, and
+    at worst a ``.NAME.tmp-*`` file beside it. On an object store (``gs://``) an object becomes
+    visible only when its upload completes, so a direct write is already whole or nothing (a
+    rename there would be a copy and a delete, and add nothing).
+    """
+    path = epath.Path(path)
+    data = data.encode() if isinstance(data, str) else data
+    if not is_local(path):
+        path.write_bytes(data)
+        return path
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def append_text(path: epath.PathLike, text: str) -> None:
+    """Appends ``text`` (whole lines) to the file ``path`` (created if missing).
+
+    Locally one ``write`` call on a file opened for appending, so a kill lands between lines
+    (a line cut short all the same, by a power cut, is cut off by the log's reader,
+    ``metric_log``); on an object store the file is read and written back whole
+    (``write_atomic``), as objects cannot be appended to (fine for the small JSON Lines logs
+    of a run).
     """
     path = epath.Path(path)
     if is_local(path):
-        with path.open("a") as f:
-            f.write(text)
+        data = text.encode()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+            while written < len(data):  # only on a full disk or a signal; finish the line
+                written += os.write(fd, data[written:])
+        finally:
+            os.close(fd)
         return
     old = path.read_text() if path.exists() else ""
-    path.write_text(old + text)
+    write_atomic(path, old + text)
 
 
 class _EpathRecordWriter:
@@ -97,4 +137,4 @@ def copy_tree(source: epath.PathLike, target: epath.PathLike) -> None:
         if path.is_dir():
             copy_tree(path, target / path.name)
         else:
-            (target / path.name).write_bytes(path.read_bytes())
+            write_atomic(target / path.name, path.read_bytes())

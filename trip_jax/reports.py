@@ -15,7 +15,8 @@
 
 Plots use ``matplotlib.figure.Figure`` directly, never pyplot, so no global backend is touched.
 Every file goes through ``etils.epath``, so ``out_dir`` may be remote (``gs://...``); plots are
-rendered to bytes and written the same way.
+rendered to bytes and written the same way. Each file is written whole or not at all
+(``paths.write_atomic``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from trip_jax import schema
+from trip_jax.paths import write_atomic
 
 RIGHT, WRONG = "#4c9a5b", "#c8553d"
 
@@ -71,12 +73,10 @@ def to_jsonable(value: Any) -> Any:
 
 def write_predictions(path: epath.PathLike,
                       records: Iterable[Mapping[str, Any]]) -> epath.Path:
-    """Writes one JSON object per line (e.g. ``metrics.outcome_record`` + an explanation)."""
-    path = epath.Path(path)
-    with path.open("w") as f:
-        for record in records:
-            f.write(json.dumps(to_jsonable(record), allow_nan=False) + "\n")
-    return path
+    """Writes one JSON object per line (e.g. ``metrics.outcome_record`` + an explanation),
+    the whole file at once (``paths.write_atomic``)."""
+    return write_atomic(path, "".join(json.dumps(to_jsonable(record), allow_nan=False) + "\n"
+                                      for record in records))
 
 
 def _pct(value: Any) -> str:
@@ -208,9 +208,7 @@ def _save_png(fig: Figure, path: epath.PathLike) -> epath.Path:
     """Renders ``fig`` as PNG bytes and writes them to ``path`` (local or remote)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    path = epath.Path(path)
-    path.write_bytes(buffer.getvalue())
-    return path
+    return write_atomic(path, buffer.getvalue())
 
 
 def plot_failure_modes(metrics: Mapping[str, Any], path: epath.PathLike,
@@ -303,8 +301,10 @@ def write_report(out_dir: epath.PathLike, split: str, metrics: Mapping[str, Any]
         document["baselines"] = baselines
     if by_marker is not None:
         document["by_marker"] = by_marker
-    paths["json"].write_text(json.dumps(to_jsonable(document), indent=2, allow_nan=False) + "\n")
-    paths["markdown"].write_text(markdown_summary(split, metrics, metadata, baselines, by_marker))
+    write_atomic(paths["json"],
+                 json.dumps(to_jsonable(document), indent=2, allow_nan=False) + "\n")
+    write_atomic(paths["markdown"],
+                 markdown_summary(split, metrics, metadata, baselines, by_marker))
     plot_failure_modes(metrics, paths["failure_modes_plot"], f"Failure modes ({split})")
     plot_attribute_f1(metrics, paths["attributes_plot"],
                       f"Correct states by attribute ({split}; numbers: count)")

@@ -26,7 +26,7 @@ from typing import Any
 
 from etils import epath
 
-from trip_jax import curated
+from trip_jax import curated, paths
 from trip_jax.data import readers
 from trip_jax.metrics import TIER_METRICS
 
@@ -178,8 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     out = epath.Path(args.out or os.path.commonpath([os.path.abspath(r) for r in args.runs]))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "summary.md").write_text(markdown(summary))
+    paths.write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    paths.write_atomic(out / "summary.md", markdown(summary))
     print(markdown(summary))
     print(f"wrote {out / 'summary.md'} and {out / 'summary.json'}")
     return 0

@@ -33,7 +33,7 @@ from absl import logging
 from etils import epath
 
 from trip_jax import (builders, checkpoints, decoding, evaluate, input_pipeline, losses,
-                      optimizers, selection, sharding)
+                      optimizers, selection, sharding, workdir_lock)
 from trip_jax.input_pipeline import RunData
 from trip_jax.metric_log import MetricLog
 
@@ -374,13 +374,26 @@ class RunSetup:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) in ``workdir``, then scores the best checkpoints on test.
 
-    Returns the test metrics of the best-verifiability checkpoint.
+    Returns the test metrics of the best-verifiability checkpoint. The run holds the workdir's
+    lock (``trip_jax.workdir_lock``) from before it writes anything: WorkdirLocked, with the
+    workdir untouched, when another run holds it.
     """
     started = time.time()
     selection.check_selection(config.train.selection, config.train.selection_window)
     decoding_config = decoding.DecodingConfig.from_mapping(config.decoding)  # fails early
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    lock = workdir_lock.acquire_for_run(workdir)
+    try:
+        return _train_and_evaluate(config, workdir, decoding_config, started)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_and_evaluate(config, workdir: epath.Path, decoding_config, started: float
+                        ) -> dict[str, Any]:
+    """``train_and_evaluate`` once the workdir is locked."""
     mesh = sharding.create_mesh(config.mesh)
     _check_batch_size(config.train.batch_size, mesh)
     logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), mesh.size,

@@ -1,0 +1,48 @@
+"""The workdir lock (trip_jax/workdir_lock.py) on a local file system; gs:// in test_workdirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from trip_jax import workdir_lock
+
+KILL_HOLDING_THE_LOCK = (
+    "import os, signal, sys\n"
+    "from trip_jax import workdir_lock\n"
+    "workdir_lock.acquire(sys.argv[1])\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n")
+
+
+def test_second_holder_is_refused_until_release(tmp_path):
+    lock = workdir_lock.acquire(tmp_path)
+    holder = json.loads((tmp_path / workdir_lock.LOCK_FILE).read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+    assert holder["command"] and holder["started"]
+    with pytest.raises(workdir_lock.WorkdirLocked) as refused:
+        workdir_lock.acquire(tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message and f"process {os.getpid()} on {socket.gethostname()}" in message
+    assert refused.value.exit_code == 2
+    assert json.loads((tmp_path / workdir_lock.LOCK_FILE).read_text()) == holder  # untouched
+    lock.release()
+    assert (tmp_path / workdir_lock.LOCK_FILE).read_text() == ""
+    with workdir_lock.acquire(tmp_path) as again:
+        assert again.holder["token"] != holder["token"]
+
+
+def test_lock_of_a_killed_process_is_taken_over(tmp_path, repo, caplog):
+    result = subprocess.run([sys.executable, "-c", KILL_HOLDING_THE_LOCK, str(tmp_path)],
+                            cwd=repo, capture_output=True, text=True, timeout=60)
+    assert result.returncode == -9, result.stderr
+    dead = json.loads((tmp_path / workdir_lock.LOCK_FILE).read_text())
+    assert dead["pid"] != os.getpid()
+    with caplog.at_level("WARNING"), workdir_lock.acquire(tmp_path) as lock:
+        assert lock.holder["pid"] == os.getpid()
+    (warning,) = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
+    assert f"process {dead['pid']} on {dead['host']}" in warning and "\n" not in warning
