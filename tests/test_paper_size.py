@@ -69,7 +69,7 @@ def test_paper_models_are_the_paper_configs_around_a_local_encoder(monkeypatch, 
     paper = models.PAPER_CONFIGS[name].get_config()
     assert written == [(name, 2)]
     assert config.model.encoder == f"/enc/{name}"
-    assert config.model.tokenizer == paper_encoders.stand_in_tokenizer(name)
+    assert config.model.tokenizer == models.stand_in_tokenizer(name)
     assert base.reference_mode(config) == "exact"
     assert config.train.learning_rate == paper.train.learning_rate
     assert config.model.tiered == paper.model.tiered
