@@ -10,14 +10,41 @@ from __future__ import annotations
 import json
 import sys
 
-from benchmarks import gpu_memory
-
 FLOPS_FORMULA = (
     "Encoder model FLOPs per step, real rows only, at the batch's padded token length T: "
     "train = 3 x forward, eval = 1 x forward, forward = 2*N*T*rows + 4*L*H*T^2*rows, "
     "N = L*(4*H^2 + 2*H*I) matmul parameters (embeddings, LayerNorm, softmax, heads and "
     "detector not counted). MFU = model FLOP/s / best measured jnp.matmul FLOP/s of the "
     "compute dtype. mfu_real_tokens counts each row at its own length instead of T.")
+
+
+GPU_MEMORY_FORMULA = (
+    "memory(B, d) = state + batch(B) + temp_l2(B, d) + (L - 2) * (temp_l2(B, d) - "
+    "temp_l1(B, d)); state = parameters + AdamW state (float32), temp = XLA's temporary "
+    "buffers of the train step (activations, gradients, optimizer intermediates) of the 1- "
+    "and 2-layer variants on the largest batch at B (benchmarks/gpu_memory.py); bf16 on GPU: "
+    "the float32 total less (1 - r) * L * layer, r the bfloat16/float32 ratio of the residual "
+    "bytes one encoder layer keeps per token (`residual_ratios`)")
+def gpu_memory_rows(entries: list[dict]) -> list[list]:
+    """Table rows (GiB) of ``benchmarks.gpu_memory.estimates``."""
+    gib = 2 ** 30
+
+    def bf16(e, key):
+        return f"{e[key] / gib:.2f}" if key in e else "-"
+
+    return [[e["model"], e["dtype"], e["batch_size"], f"{e['encoder_tokens']:,}",
+             f"{e['layer_bytes'] / gib:.2f}", f"{e['state_bytes'] / gib:.1f}",
+             f"{e['temp_bytes'] / gib:.1f}", f"{e['total_bytes'] / gib:.1f}",
+             f"{e['bytes_per_pair'] / gib:.2f}",
+             "-" if e["check_full_over_measured"] is None
+             else f"{e['check_full_over_measured']:.2f}",
+             bf16(e, "gpu_bfloat16_bytes"), bf16(e, "gpu_bfloat16_bytes_per_pair")]
+            for e in entries]
+
+
+GPU_MEMORY_HEADER = ["model", "dtype", "B", "encoder tokens", "GiB per layer", "state GiB",
+                     "activations GiB", "total GiB", "GiB per pair", "check",
+                     "bf16 on GPU GiB", "bf16 on GPU GiB per pair"]
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -146,9 +173,9 @@ def _paper_lines(results: dict) -> list[str]:
         lines += _table(["model", "dtype", "B", "pairs", "encoder tokens", "grid cells",
                          "arguments GiB", "temp GiB"], plans)
     if results.get("gpu_memory"):
-        lines += ["", f"Device memory of the train step, estimated: {gpu_memory.FORMULA}; "
+        lines += ["", f"Device memory of the train step, estimated: {GPU_MEMORY_FORMULA}; "
                   "check: the formula at full depth over the full-size plan (batch 1).", ""]
-        lines += _table(gpu_memory.HEADER, gpu_memory.markdown_rows(results["gpu_memory"]))
+        lines += _table(GPU_MEMORY_HEADER, gpu_memory_rows(results["gpu_memory"]))
     return lines
 
 

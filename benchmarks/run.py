@@ -455,7 +455,8 @@ def save(results: dict, out: Path, started: float) -> None:
     results["ratios"] = ratios(results["cases"])
     results["torch_ratios"] = torch_ratios(results["cases"])
     results["targets"] = targets(results["cases"], results["torch_ratios"])
-    results["gpu_memory"] = gpu_memory.estimates(results["cases"])
+    results["gpu_memory"] = gpu_memory.estimates(results["cases"],
+                                                 results.get("residual_ratios"))
     results["total_s"] = time.perf_counter() - started
     results["markdown"] = report.markdown(results)
     out.parent.mkdir(parents=True, exist_ok=True)

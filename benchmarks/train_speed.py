@@ -189,7 +189,8 @@ def run_case(case: dict) -> dict:
     start = time.perf_counter()
     if case.get("batch", "representative") == "largest":
         if spec.batch is not harness.Harness.config_batch:
-            raise ValueError(f"batch 'largest' needs a layout of the input pipeline, not {layout!r}")
+            raise ValueError(f"batch 'largest' needs a layout of the input pipeline, "
+                             f"not {layout!r}")
         local, pairs = h.largest_batch(batch_size)
     else:
         pairs = harness.representative_pairs(h.encoded, batch_size)

@@ -15,9 +15,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from benchmarks import gpu_memory, harness, models, paper_encoders, run
+from benchmarks import gpu_memory, harness, models, paper_encoders, report, run
 from configs import base
-from trip_jax import input_pipeline, protocol
+from trip_jax import builders, input_pipeline, protocol
 from trip_jax.models import weights
 from trip_jax.models.encoders import build_encoder
 
@@ -131,7 +131,20 @@ def test_gpu_memory_follows_its_formula():
     assert eight["bytes_per_pair"] == eight["total_bytes"] / 8
     assert one["check_full_over_measured"] == pytest.approx(25 / 26)
     assert eight["check_full_over_measured"] is None
-    assert len(gpu_memory.markdown_rows(entries)[0]) == len(gpu_memory.HEADER)
+    assert len(report.gpu_memory_rows(entries)[0]) == len(report.GPU_MEMORY_HEADER)
+    # bfloat16 on a GPU: the encoder layers' share (L x layer) scaled by the residual ratio.
+    eight = gpu_memory.estimates(cases, {"roberta": {"ratio": 0.5}})[1]
+    assert eight["gpu_bfloat16_bytes"] == eight["total_bytes"] - 0.5 * 24 * 4
+
+
+def test_bfloat16_keeps_fewer_residual_bytes_per_layer_token():
+    config = builders.encoder_config_from_dict(dict(
+        model_type="roberta", vocab_size=64, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=80))
+    ratios = gpu_memory.residual_ratios({"small": config})["small"]
+    # At least the hidden states in and out of each matmul, 4 bytes each in float32.
+    assert ratios["float32"] >= 4 * 4 * 32
+    assert 0.4 < ratios["ratio"] < 1
 
 
 def test_paper_grid_times_the_paper_configs_and_plans_their_reduced_depths():
