@@ -5,6 +5,8 @@
 - ``base``: ``configs/minilm.py`` with a randomly initialised BERT-base-sized encoder.
 - ``large``: ``configs/minilm.py`` with a randomly initialised RoBERTa-large-sized encoder.
 - ``smoke_large``: the ``large`` code path (RoBERTa type, bfloat16) at 2 layers, width 64.
+- ``large_exact``: ``configs/roberta.py`` as it is (exact mode) around the ``large`` encoder in
+  bfloat16 (no weights file needed: the GPU grid's paper case).
 - ``roberta``, ``bert``, ``deberta``: the paper configs (``configs/roberta.py`` etc., exact mode)
   as they are, the encoder a local directory of the real shape with random weights and the
   tokenizer a stand-in (``benchmarks.paper_encoders``); ``roberta_l2`` etc.: the same with 2
@@ -26,7 +28,7 @@ from benchmarks import paper_encoders
 from configs import base, bert, deberta, minilm, roberta, tiny
 
 MODEL_NAMES: tuple[str, ...] = ("tiny", "minilm", "base", "large", "smoke_large",
-                                *paper_encoders.PAPER_ENCODERS)
+                                "large_exact", *paper_encoders.PAPER_ENCODERS)
 # The paper configs by encoder name; "NAME_lL" is the same with L layers.
 PAPER_CONFIGS = {"roberta": roberta, "bert": bert, "deberta": deberta}
 _PAPER_NAME = re.compile(r"^(%s)(?:_l(\d+))?$" % "|".join(PAPER_CONFIGS))
@@ -108,6 +110,12 @@ def model_config(name: str, *, dtype: str | None = None, remat: bool | None = No
         config = _random_encoder(BASE_ENCODER)
     elif name == "large":
         config = _random_encoder(LARGE_ENCODER)
+        config.model.dtype = "bfloat16"
+    elif name == "large_exact":
+        config = roberta.get_config()
+        config.model.encoder = ""
+        config.model.tokenizer = minilm.model_dir() if has_minilm() else "word_level:roberta"
+        config.model.random_encoder = ml_collections.ConfigDict(LARGE_ENCODER)
         config.model.dtype = "bfloat16"
     elif name == "smoke_large":
         config = _random_encoder(SMOKE_LARGE_ENCODER)

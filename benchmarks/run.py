@@ -148,15 +148,20 @@ def _cpu_grid() -> Grid:
 def _device_grid() -> Grid:
     """The GPU grid: RoBERTa-large-sized, bfloat16, larger batches (one prepared run)."""
     ref = REFERENCE_LAYOUT
-    # Without remat a RoBERTa-large train step keeps ~1 MB of activations per token (24
-    # layers), ~100 GB at 32 pairs (~100k tokens): batch 64 needs remat on a 141 GB H200, and
-    # batch 32 runs both ways (remat's memory/time trade, measured).
+    # Without remat a RoBERTa-large train step keeps about 0.15 MB per token and layer in
+    # float32 and 0.63 times that in bfloat16 (benchmarks/results/real_size_cpu.json), ~2.3 MB
+    # per token over 24 layers: batch 32 (~20-45k encoder tokens) fits a 141 GB H200 without
+    # remat, batch 64 needs it, and batch 32 runs both ways (remat's memory/time trade).
+    # large_exact is the paper's command (configs/roberta.py, exact mode): ~41 GiB at batch 8
+    # and ~120 GiB at 32 estimated in bfloat16 (benchmarks/README.md).
     cases = (
         Case("large", ref, 1, iters=5),
         Case("large", "packed_tokens", 8, iters=5),
         Case("large", "packed_tokens", 32, iters=5),
         Case("large", "packed_tokens", 32, modes=("train",), iters=5, remat=True),
         Case("large", "packed_tokens", 64, iters=5, remat=True),
+        Case("large_exact", "config", 8, iters=3, batch="largest"),
+        Case("large_exact", "config", 32, modes=("train",), iters=3, batch="largest"),
     )
     curves = (Curve("large", 32),)
     return Grid("device", cases, (), curves, peak_size=8192,
