@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 
 from benchmarks import models
-from trip_jax import builders, input_pipeline, protocol, sharding
+from trip_jax import batch_contract, builders, input_pipeline, protocol, sharding
 from trip_jax.data import batching, features, readers
 from trip_jax.data.features import Buckets, EncodedPair
 from trip_jax.data.types import StoryPair
@@ -50,6 +50,10 @@ class ModelData:
     tokenizer: Any
     pairs: list[StoryPair]
     encoded: list[EncodedPair]
+    # E of every batch where training fixes it (``Layout.for_splits``: data_max entity padding
+    # or packed_tokens): the largest entity count of the protocol's three splits (and of
+    # ``pairs``, which ignore ``config.data.max_pairs``); else None.
+    num_entities: int | None = None
 
     @classmethod
     def load(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
@@ -67,16 +71,22 @@ class ModelData:
         if split == "dev_train":
             # The pairs a dev_train run trains on: dev minus its held-out slice.
             config.data.protocol = "dev_train"
-            pairs = protocol.load_protocol_splits(config.data).train
-        elif split == "dev":
-            pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
-        else:
+        elif split != "dev":
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        splits = protocol.load_protocol_splits(config.data)
+        if split == "dev_train":
+            pairs = splits.train
+        else:
+            pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
         if max_pairs:
             pairs = pairs[:max_pairs]
         tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
-        encoded = input_pipeline.encode(pairs, tokenizer, Layout.from_config(config.data))
-        return cls(name, config, tokenizer, list(pairs), encoded)
+        layout = Layout.from_config(config.data)
+        encoded = input_pipeline.encode(pairs, tokenizer, layout)
+        fixed = layout.for_splits(splits).num_entities
+        if fixed is not None:  # the harness's pairs may go beyond config.data.max_pairs
+            fixed = max([fixed, *(p.num_entities for p in encoded)])
+        return cls(name, config, tokenizer, list(pairs), encoded, fixed)
 
 
 def set_config_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
@@ -99,6 +109,7 @@ class Harness:
     hf_config: Any
     trainer: train.Trainer
     state: Any
+    num_entities: int | None = None  # ModelData.num_entities
 
     @property
     def mesh(self):
@@ -132,7 +143,7 @@ class Harness:
         trainer = train.build_trainer(config, model, sharding.create_mesh(config.mesh),
                                       _SCHEDULE_STEPS)
         return cls(name, config, data.tokenizer, data.encoded, hf_config, trainer,
-                   trainer.fresh_state(encoder_params))
+                   trainer.fresh_state(encoder_params), data.num_entities)
 
     @property
     def tiered(self) -> TieredConfig:
@@ -143,8 +154,10 @@ class Harness:
 
     @property
     def layout(self) -> Layout:
-        """The config's batch layout (``input_pipeline.Layout``)."""
-        return Layout.from_config(self.config.data)
+        """The config's batch layout (``input_pipeline.Layout``), E fixed as training fixes
+        it (``num_entities``)."""
+        return dataclasses.replace(Layout.from_config(self.config.data),
+                                   num_entities=self.num_entities)
 
     @property
     def buckets(self) -> Buckets:
@@ -159,6 +172,18 @@ class Harness:
     def config_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one batch of the config's layout and buckets (as training batches)."""
         return next(input_pipeline.batch_stream(pairs, self.layout, len(pairs)))
+
+    def largest_batch(self, batch_size: int) -> tuple[dict[str, np.ndarray], list[EncodedPair]]:
+        """The batch of one unshuffled epoch over the pairs at ``batch_size`` (the config's
+        layout, E fixed as training fixes it) with the most encoder tokens (ties: the most real
+        tokens), and its pairs: the largest batch shape training on these pairs compiles."""
+        def size(batch):
+            groups = [g for g in batch_contract.ROW_GROUPS if f"{g}input_ids" in batch]
+            return (sum(batch[f"{g}input_ids"].size for g in groups),
+                    sum(int(batch[f"{g}attention_mask"].sum()) for g in groups))
+
+        best = max(input_pipeline.batch_stream(self.encoded, self.layout, batch_size), key=size)
+        return best, [self.encoded[i] for i in best["pair_index"][best["pair_mask"]]]
 
     def packed_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one packed batch with the config's buckets (the training layout)."""
@@ -254,6 +279,8 @@ LAYOUTS: dict[str, BenchmarkLayout] = {
     "packed_tokens": BenchmarkLayout({"data.layout": "packed_tokens", "data.seq_len": 0,
                                       "data.short_seq_len": 0, "model.tiered.cells": "real"},
                                      Harness.config_batch),
+    # The model config's own layout and keys, unchanged (the paper configs' exact mode).
+    "config": BenchmarkLayout({}, Harness.config_batch),
     "reference_dense": BenchmarkLayout(
         {"model.tiered.cells": "grid"}, lambda h, pairs: h.reference_dense_batch(pairs[0]), one_pair=True, baseline=True),
 }

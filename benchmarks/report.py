@@ -18,6 +18,35 @@ FLOPS_FORMULA = (
     "compute dtype. mfu_real_tokens counts each row at its own length instead of T.")
 
 
+GPU_MEMORY_FORMULA = (
+    "memory(B, d) = state + batch(B) + temp_l2(B, d) + (L - 2) * (temp_l2(B, d) - "
+    "temp_l1(B, d)); state = parameters + AdamW state (float32), temp = XLA's temporary "
+    "buffers of the train step (activations, gradients, optimizer intermediates) of the 1- "
+    "and 2-layer variants on the largest batch at B (benchmarks/gpu_memory.py); bf16 on GPU: "
+    "the float32 total less (1 - r) * L * layer, r the bfloat16/float32 ratio of the residual "
+    "bytes one encoder layer keeps per token (`residual_ratios`)")
+def gpu_memory_rows(entries: list[dict]) -> list[list]:
+    """Table rows (GiB) of ``benchmarks.gpu_memory.estimates``."""
+    gib = 2 ** 30
+
+    def bf16(e, key):
+        return f"{e[key] / gib:.2f}" if key in e else "-"
+
+    return [[e["model"], e["dtype"], e["batch_size"], f"{e['encoder_tokens']:,}",
+             f"{e['layer_bytes'] / gib:.2f}", f"{e['state_bytes'] / gib:.1f}",
+             f"{e['temp_bytes'] / gib:.1f}", f"{e['total_bytes'] / gib:.1f}",
+             f"{e['bytes_per_pair'] / gib:.2f}",
+             "-" if e["check_full_over_measured"] is None
+             else f"{e['check_full_over_measured']:.2f}",
+             bf16(e, "gpu_bfloat16_bytes"), bf16(e, "gpu_bfloat16_bytes_per_pair")]
+            for e in entries]
+
+
+GPU_MEMORY_HEADER = ["model", "dtype", "B", "encoder tokens", "GiB per layer", "state GiB",
+                     "activations GiB", "total GiB", "GiB per pair", "check",
+                     "bf16 on GPU GiB", "bf16 on GPU GiB per pair"]
+
+
 def _table(header: list[str], rows: list[list]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
@@ -106,6 +135,50 @@ def target_rows(targets: list[dict]) -> list[list]:
     return rows
 
 
+def _paper_lines(results: dict) -> list[str]:
+    """The tables of a ``--paper`` run: the full-size cases, the memory plans of the reduced
+    ones, and the device memory estimate (``benchmarks.gpu_memory``)."""
+    gib = 2 ** 30
+    full, plans = [], []
+    for c in results["cases"]:
+        if "error" in c or c.get("layout") != "config":
+            continue
+        if "train" in c:
+            b, s = c["batch"], c["state"]
+            full.append([c["model"], c["tokenizer"].rsplit("/", 2)[-2] if "/" in c["tokenizer"]
+                         else c["tokenizer"], f"{s['params'] / 1e6:.0f}M",
+                         "x".join(map(str, b["grid_shape"])), b["real_rows"],
+                         f"{b['encoder_rows']} in {b.get('sequences', '-')}x{b['seq_len']}",
+                         b["real_tokens"], _num(c["eval"]["step_s"]), _num(c["train"]["step_s"]),
+                         _num(c["train"]["compile_s"]),
+                         f"{c['memory']['rss_peak_after_train_mib'] / 1024:.2f}",
+                         f"{c['train']['temp_bytes'] / gib:.2f}"])
+        for p in c.get("memory_plans", []):
+            plans.append([c["model"], c["dtype"], p["batch_size"], p["batch"]["pairs"],
+                          f"{p['batch']['encoder_tokens']:,}", p["batch"]["grid_slots"],
+                          f"{p['train']['argument_bytes'] / gib:.2f}",
+                          f"{p['train']['temp_bytes'] / gib:.2f}"])
+    lines = []
+    if full:
+        lines += ["", "The paper configs at their real size (exact mode, random weights, "
+                  "stand-in tokenizer), one train and one eval step on the largest batch of "
+                  "the dev pairs at batch 1 (E padded to the data's maximum):", ""]
+        lines += _table(["model", "tokenizer", "params", "grid B x 2 x E x S", "real rows",
+                         "encoder rows in N x P", "real tokens", "eval step s",
+                         "train step s", "train compile s", "peak RSS GiB",
+                         "XLA train temp GiB"], full)
+    if plans:
+        lines += ["", "XLA memory plans of the train step (compiled, not run) on the largest "
+                  "batch at B:", ""]
+        lines += _table(["model", "dtype", "B", "pairs", "encoder tokens", "grid cells",
+                         "arguments GiB", "temp GiB"], plans)
+    if results.get("gpu_memory"):
+        lines += ["", f"Device memory of the train step, estimated: {GPU_MEMORY_FORMULA}; "
+                  "check: the formula at full depth over the full-size plan (batch 1).", ""]
+        lines += _table(GPU_MEMORY_HEADER, gpu_memory_rows(results["gpu_memory"]))
+    return lines
+
+
 def markdown(results: dict) -> str:
     """The summary tables of one results dict."""
     env = results["environment"]
@@ -181,6 +254,7 @@ def markdown(results: dict) -> str:
                 line += (f"; warm epochs: {1000 * f['s_per_pair']:.1f} ms per pair "
                          f"{'+' if f['fixed_s'] >= 0 else '-'} {abs(f['fixed_s']):.1f} s")
             lines.append(line + ".")
+    lines += _paper_lines(results)
     if results.get("skipped"):
         lines += ["", "Not run in this grid:", ""]
         lines += [f"- {s['model']} {s['layout']} B={s['batch_size']} "

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import report
+from benchmarks import gpu_memory, report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +66,9 @@ class Case:
     iters: int = 2
     max_pairs: int = 0
     remat: bool | None = None  # None: the config's (or --remat)
+    dtype: str | None = None  # None: the config's (or --dtype)
+    batch: str = "representative"  # or "largest": the epoch's largest batch (train_speed)
+    plan_batch_sizes: tuple[int, ...] = ()  # XLA memory plans (compiled only) at these sizes
 
     @property
     def module(self) -> str:
@@ -145,19 +148,47 @@ def _cpu_grid() -> Grid:
 def _device_grid() -> Grid:
     """The GPU grid: RoBERTa-large-sized, bfloat16, larger batches (one prepared run)."""
     ref = REFERENCE_LAYOUT
-    # Without remat a RoBERTa-large train step keeps ~1 MB of activations per token (24
-    # layers), ~100 GB at 32 pairs (~100k tokens): batch 64 needs remat on a 141 GB H200, and
-    # batch 32 runs both ways (remat's memory/time trade, measured).
+    # Without remat a RoBERTa-large train step keeps about 0.15 MB per token and layer in
+    # float32 and 0.63 times that in bfloat16 (benchmarks/results/real_size_cpu.json), ~2.3 MB
+    # per token over 24 layers: batch 32 (~20-45k encoder tokens) fits a 141 GB H200 without
+    # remat, batch 64 needs it, and batch 32 runs both ways (remat's memory/time trade).
+    # large_exact is the paper's command (configs/roberta.py, exact mode): ~41 GiB at batch 8
+    # and ~120 GiB at 32 estimated in bfloat16 (benchmarks/README.md).
     cases = (
         Case("large", ref, 1, iters=5),
         Case("large", "packed_tokens", 8, iters=5),
         Case("large", "packed_tokens", 32, iters=5),
         Case("large", "packed_tokens", 32, modes=("train",), iters=5, remat=True),
         Case("large", "packed_tokens", 64, iters=5, remat=True),
+        Case("large_exact", "config", 8, iters=3, batch="largest"),
+        Case("large_exact", "config", 32, modes=("train",), iters=3, batch="largest"),
     )
     curves = (Curve("large", 32),)
     return Grid("device", cases, (), curves, peak_size=8192,
                 peak_dtypes=("bfloat16", "float32"))
+
+
+# The paper configs at their real size (benchmarks/README.md, "The paper configs at their
+# real size"): one timed train and eval step on the largest batch at batch 1, and XLA's memory
+# plans of the train step at reduced depth (1 and 2 layers, the real widths) for the batch
+# sizes and dtypes a GPU run would use, from which the per-layer cost is extrapolated.
+PAPER_PLAN_BATCH_SIZES: tuple[int, ...] = (1, 8, 32)
+
+
+def _paper_grid(encoders: tuple[str, ...] = ("roberta", "bert", "deberta"),
+                batch_sizes: tuple[int, ...] = PAPER_PLAN_BATCH_SIZES,
+                dtypes: tuple[str, ...] = ("float32", "bfloat16"), timed: str = "") -> Grid:
+    """The paper configs (exact mode) of ``encoders`` at their real shapes (``timed``:
+    a model-name suffix such as "_l2" for fewer layers), float32, batch 1 timed; memory plans
+    of their 1- and 2-layer variants in ``dtypes`` at ``batch_sizes``."""
+    cases = tuple(Case(e + timed, "config", 1, iters=1, batch="largest") for e in encoders)
+    for e in encoders:
+        for dtype in dtypes:
+            cases += (Case(f"{e}_l1", "config", 1, modes=(), batch="largest", dtype=dtype,
+                           plan_batch_sizes=batch_sizes),
+                      Case(f"{e}_l2", "config", 1, modes=(), batch="largest", dtype=dtype,
+                           plan_batch_sizes=batch_sizes))
+    return Grid("paper", cases, (), (), peak_size=2048, peak_dtypes=("float32",))
 
 
 def _smoke_grid(device: bool) -> Grid:
@@ -172,8 +203,11 @@ def _smoke_grid(device: bool) -> Grid:
                 peak_dtypes=("bfloat16", "float32") if device else ("float32",))
 
 
-def select_grid(*, device: bool, smoke: bool) -> Grid:
+def select_grid(*, device: bool, smoke: bool, paper: bool = False) -> Grid:
     """The grid of a run."""
+    if paper:
+        return (_paper_grid(("roberta",), (1, 2), ("float32",), timed="_l2") if smoke
+                else _paper_grid())
     if smoke:
         return _smoke_grid(device)
     return _device_grid() if device else _cpu_grid()
@@ -237,6 +271,17 @@ def _run_recorded(label: str, module: str, args: list[str], key: str, spec, opti
     return record
 
 
+# A case that only compiles memory plans compiles without LLVM's optimisations: XLA assigns
+# the buffers before them (the same temp and argument bytes, checked on roberta_l1), in a
+# fraction of the time.
+PLAN_XLA_FLAG = "--xla_backend_optimization_level=0"
+
+
+def plan_env(env: dict) -> dict:
+    """``env`` for a memory-plan-only case (``PLAN_XLA_FLAG`` added to XLA_FLAGS)."""
+    return {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {PLAN_XLA_FLAG}".strip()}
+
+
 def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
     spec = {"model": case.model, "layout": case.layout, "batch_size": case.batch_size,
             "modes": list(case.modes), "iters": case.iters, "max_pairs": case.max_pairs}
@@ -247,6 +292,12 @@ def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
             spec[key] = getattr(options, key)
     if case.remat is not None:
         spec["remat"] = case.remat
+    if case.dtype is not None:
+        spec["dtype"] = case.dtype
+    if case.batch != "representative":
+        spec["batch"] = case.batch
+    if case.plan_batch_sizes:
+        spec["plan_batch_sizes"] = list(case.plan_batch_sizes)
     return ["--case", json.dumps(spec)]
 
 
@@ -409,6 +460,8 @@ def save(results: dict, out: Path, started: float) -> None:
     results["ratios"] = ratios(results["cases"])
     results["torch_ratios"] = torch_ratios(results["cases"])
     results["targets"] = targets(results["cases"], results["torch_ratios"])
+    results["gpu_memory"] = gpu_memory.estimates(results["cases"],
+                                                 results.get("residual_ratios"))
     results["total_s"] = time.perf_counter() - started
     results["markdown"] = report.markdown(results)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -423,6 +476,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="benchmarks/results/cpu.json")
     parser.add_argument("--device", action="store_true", help="the GPU grid")
     parser.add_argument("--smoke", action="store_true", help="a seconds-size grid")
+    parser.add_argument("--paper", action="store_true",
+                        help="the paper configs at their real size (real_size_cpu.json)")
     parser.add_argument("--models", default=None, help="comma-separated subset of the grid")
     parser.add_argument("--batch-sizes", default=None,
                         help="batch sizes to keep (the reference layout is 1)")
@@ -443,7 +498,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
     options = parser.parse_args(argv)
 
-    grid = narrow(select_grid(device=options.device, smoke=options.smoke),
+    grid = narrow(select_grid(device=options.device, smoke=options.smoke, paper=options.paper),
                   options.models.split(",") if options.models else None,
                   [int(b) for b in options.batch_sizes.split(",")] if options.batch_sizes
                   else None, options.layouts.split(",") if options.layouts else None,
@@ -466,7 +521,8 @@ def main(argv=None) -> dict:
     for case in grid.cases:
         label = f"case {case.model} {case.layout} B={case.batch_size} {','.join(case.modes)}"
         results["cases"].append(_run_recorded(
-            label, case.module, _case_args(case, options), "case", case, options, env))
+            label, case.module, _case_args(case, options), "case", case, options,
+            env if case.modes else plan_env(env)))
         save(results, out, started)
     for curve in grid.curves:
         label = f"epoch curve {curve.model} {curve.layout} B={curve.batch_size}"

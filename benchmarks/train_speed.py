@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -57,7 +58,40 @@ def _cost(compiled) -> dict:
     if memory is not None:
         result["temp_bytes"] = int(memory.temp_size_in_bytes)
         result["argument_bytes"] = int(memory.argument_size_in_bytes)
+        result["output_bytes"] = int(memory.output_size_in_bytes)
+        result["alias_bytes"] = int(memory.alias_size_in_bytes)  # outputs in donated inputs
     return result
+
+
+def state_sizes(state) -> dict:
+    """Parameter count and bytes of the train state's parameters and optimizer state, and
+    the parameters of each top-level module (the encoder, the heads, the detector)."""
+    def count(tree):
+        return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
+
+    def nbytes(tree):
+        return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "nbytes"))
+
+    return {"params": count(state.params), "param_bytes": nbytes(state.params),
+            "opt_state_bytes": nbytes(state.opt_state),
+            "params_by_module": {k: count(v) for k, v in state.params.items()}}
+
+
+def memory_plan(h: harness.Harness, batch_size: int, modes: tuple[str, ...]) -> dict:
+    """XLA's memory plan of the train and/or eval step on the largest batch at
+    ``batch_size`` (``Harness.largest_batch``), compiled but not run, and the batch's size."""
+    local, pairs = h.largest_batch(batch_size)
+    batch = h.to_device(local)
+    real_lengths = np.concatenate([s.lengths for p in pairs for s in p.stories])
+    record = {"batch_size": batch_size, "batch": batch_info(local, real_lengths)}
+    steps = {"train": (h.train_step, (h.state, batch)),
+             "eval": (h.eval_step, (h.state.params, batch))}
+    for mode in modes:
+        step, args = steps[mode]
+        start = time.perf_counter()
+        compiled = step.lower(*args).compile()
+        record[mode] = {"compile_s": time.perf_counter() - start, **_cost(compiled)}
+    return record
 
 
 def time_step(lowerable, call: Callable[[], object], iters: int, args: tuple) -> dict:
@@ -131,7 +165,9 @@ def rates(timing: dict, info: dict, flops: dict) -> dict:
 
 def run_case(case: dict) -> dict:
     """Runs one case (keys: model, layout, batch_size, iters, modes, data_dir, max_pairs,
-    dtype, remat, prng_impl, short_seq_len); returns its record."""
+    dtype, remat, prng_impl, short_seq_len; batch: "representative" pairs (default) or the
+    "largest" batch of an epoch; plan_batch_sizes / plan_modes: XLA memory plans of the
+    largest batch at those batch sizes, compiled only); returns its record."""
     if case.get("prng_impl"):
         # Global, so it must be set before the harness creates the init and dropout keys.
         runtime.set_prng_impl(case["prng_impl"])
@@ -150,9 +186,15 @@ def run_case(case: dict) -> dict:
     jax.block_until_ready(h.state)
     setup_s = time.perf_counter() - start
 
-    pairs = harness.representative_pairs(h.encoded, batch_size)
     start = time.perf_counter()
-    local = spec.batch(h, pairs)
+    if case.get("batch", "representative") == "largest":
+        if spec.batch is not harness.Harness.config_batch:
+            raise ValueError(f"batch 'largest' needs a layout of the input pipeline, "
+                             f"not {layout!r}")
+        local, pairs = h.largest_batch(batch_size)
+    else:
+        pairs = harness.representative_pairs(h.encoded, batch_size)
+        local = spec.batch(h, pairs)
     host_batch_s = time.perf_counter() - start
     start = time.perf_counter()
     batch = jax.block_until_ready(h.to_device(local))
@@ -172,8 +214,13 @@ def run_case(case: dict) -> dict:
               "batch": info, "setup_s": setup_s, "host_batch_s": host_batch_s,
               "to_device_s": to_device_s,
               "epoch_layout": h.layout_summary(1 if spec.one_pair else batch_size),
+              "num_entities": h.num_entities, "state": state_sizes(h.state),
+              "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "memory": {"rss_after_setup_mib": peak_rss_mib()}}
 
+    # Compiled only, before the timed steps consume the state: memory plans at more batch sizes.
+    record["memory_plans"] = [memory_plan(h, int(b), tuple(case.get("plan_modes", ("train",))))
+                              for b in case.get("plan_batch_sizes", ())]
     iters = int(case.get("iters", 2))
     state = h.state
     for mode in case.get("modes", MODES):

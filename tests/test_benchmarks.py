@@ -15,6 +15,7 @@ import os
 import pytest
 
 from benchmarks import flops, harness, models, report, run, train_speed
+from configs import base
 from trip_jax.models.tiered import TieredConfig
 
 TORCH_FIELDS = {"first_run_s", "step_s", "step_s_all", "pairs_per_s", "real_rows_per_s",
@@ -196,7 +197,14 @@ def test_device_grid_is_roberta_large_bf16_at_large_batches():
     packed = {(c.batch_size, bool(c.remat)) for c in grid.cases if c.layout == "packed_tokens"}
     assert packed == {(8, False), (32, False), (32, True), (64, True)}
     assert any(c.layout == "reference_dense" for c in grid.cases)
-    assert {c.model for c in grid.cases} == {"large"}
+    assert {c.model for c in grid.cases} == {"large", "large_exact"}
+    # The paper's command: configs/roberta.py as it is (exact mode) on its largest batches.
+    exact = {(c.batch_size, c.batch) for c in grid.cases if c.model == "large_exact"}
+    assert exact == {(8, "largest"), (32, "largest")}
+    exact_config = models.model_config("large_exact")
+    assert base.reference_mode(exact_config) == "exact"
+    assert exact_config.model.dtype == "bfloat16"
+    assert exact_config.model.random_encoder == models.model_config("large").model.random_encoder
     config = models.model_config("large")
     assert config.model.dtype == "bfloat16"
     assert config.model.random_encoder.hidden_size == 1024

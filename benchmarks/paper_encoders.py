@@ -1,0 +1,93 @@
+"""Local encoder directories of the paper's encoders at their real shapes, with random weights.
+
+The paper configs (``configs/roberta.py``, ``bert.py``, ``deberta.py``) name hub checkpoints,
+which this machine cannot fetch. ``encoder_dir(name)`` writes what a user's download holds in
+their place: ``config.json`` with the published hyperparameters (``PAPER_ENCODERS``) and
+``model.safetensors`` written by the transformers PyTorch class (random initialisation, PyTorch
+parameter names), so ``--config.model.encoder=DIR`` loads it through the real conversion path
+(``trip_jax.models.weights``). A step's cost and memory do not depend on the weights' values.
+
+``num_layers`` gives a reduced model of the same structure (same widths, vocabulary and
+attention kind, fewer layers) for tests and for the per-layer memory slope. The directories
+are cached under ``$TMPDIR/trip_jax_paper_encoders`` (rewritten when the config differs).
+
+The directories hold no tokenizer: ``benchmarks.models.stand_in_tokenizer`` names the
+stand-in the benchmarks use (no hub here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+# Published hyperparameters of the paper's encoders (their hub config.json files), with
+# the keys that differ from the transformers config class's defaults.
+PAPER_ENCODERS: dict[str, dict] = {
+    "roberta": dict(  # roberta-large
+        model_type="roberta", vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
+        num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
+        type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2),
+    "bert": dict(  # bert-large-uncased
+        model_type="bert", vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+        num_attention_heads=16, intermediate_size=4096, max_position_embeddings=512,
+        type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0),
+    "deberta": dict(  # microsoft/deberta-base
+        model_type="deberta", vocab_size=50265, hidden_size=768, num_hidden_layers=12,
+        num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,
+        type_vocab_size=0, layer_norm_eps=1e-7, relative_attention=True,
+        max_relative_positions=-1, pos_att_type="c2p|p2c", position_biased_input=False,
+        pad_token_id=0),
+}
+
+_TRANSFORMERS_CLASSES = {"roberta": ("RobertaConfig", "RobertaModel"),
+                         "bert": ("BertConfig", "BertModel"),
+                         "deberta": ("DebertaConfig", "DebertaModel")}
+
+
+def hf_config_values(name: str, num_layers: int | None = None,
+                     overrides: dict | None = None) -> dict:
+    """The config.json values of paper encoder ``name``, with ``num_layers`` layers if given
+    and ``overrides`` (e.g. a small ``vocab_size`` for tests) set."""
+    if name not in PAPER_ENCODERS:
+        raise ValueError(f"unknown paper encoder {name!r}; expected one of "
+                         f"{sorted(PAPER_ENCODERS)}")
+    values = {**PAPER_ENCODERS[name], **(overrides or {})}
+    if num_layers is not None:
+        values["num_hidden_layers"] = int(num_layers)
+    return values
+
+
+def cache_root() -> Path:
+    """Where the encoder directories are written."""
+    return Path(tempfile.gettempdir()) / "trip_jax_paper_encoders"
+
+
+def encoder_dir(name: str, num_layers: int | None = None, *, root: Path | None = None,
+                seed: int = 0, overrides: dict | None = None) -> Path:
+    """A directory under ``root`` (default ``cache_root()``) holding ``config.json`` and
+    ``model.safetensors`` of paper encoder ``name`` (``hf_config_values``; random weights from
+    ``seed``); written once, reused while its config and seed are the same."""
+    values = hf_config_values(name, num_layers, overrides)
+    directory = (root or cache_root()) / f"{name}-l{values['num_hidden_layers']}"
+    stamp = directory / "written_from.json"
+    wanted = json.dumps({"values": values, "seed": seed}, sort_keys=True)
+    if stamp.is_file() and stamp.read_text() == wanted:
+        return directory
+    import torch
+    import transformers
+
+    config_cls, model_cls = (getattr(transformers, n) for n in _TRANSFORMERS_CLASSES[name])
+    config = config_cls(**{k: v for k, v in values.items() if k != "model_type"})
+    torch.manual_seed(seed)
+    model = model_cls(config, add_pooling_layer=False) if name != "deberta" else model_cls(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    del model
+    # Written last: a directory cut short while saving is rewritten by the next call.
+    partial = stamp.with_name(stamp.name + f".{os.getpid()}")
+    partial.write_text(wanted)
+    partial.replace(stamp)
+    return directory
