@@ -269,7 +269,7 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean",
     # behind it decoded jointly). Reports show both decodings side by side.
     config.decoding = ml_collections.ConfigDict(dict(
         method="reference", conflict_weight=0.0, persistence=True, state_threshold=0.0,
-        alias_states=False, conflict_state_threshold=0.0, backing_threshold=0.0))
+        alias_states=False, conflict_state_threshold=0.0))
 
     # Device mesh: "data" splits the batch, "fsdp" shards large parameters (and the batch too).
     # -1: all devices not used by the other axis.

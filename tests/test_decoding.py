@@ -314,7 +314,7 @@ def test_every_decoding_option_is_a_config_key_off_by_default():
 
     config = DecodingConfig.from_mapping(base.get_config().decoding)
     assert config == DecodingConfig()
-    assert config.conflict_state_threshold == config.backing_threshold == 0.0
+    assert config.conflict_state_threshold == 0.0
     assert sorted(base.get_config().decoding) == sorted(
         f.name for f in dataclasses.fields(DecodingConfig))
 
@@ -331,33 +331,12 @@ def test_bad_decoding_settings_are_refused():
         DecodingConfig(method="coherent", conflict_weight=-1)
     with pytest.raises(KeyError, match="persistance"):
         DecodingConfig.from_mapping({"method": "coherent", "persistance": False})
-    for key in ("state_threshold", "backing_threshold", "conflict_state_threshold"):
+    for key in ("state_threshold", "conflict_state_threshold"):
         for threshold in (-0.1, 1.0):
             with pytest.raises(ValueError, match=key):
                 DecodingConfig(method="coherent", **{key: threshold})
     with pytest.raises(KeyError, match="coherent decoding needs"):
         decoding.decode({"story_pred": np.zeros(1)}, COHERENT)
-
-
-def test_a_backing_cell_below_the_backing_threshold_keeps_its_read_state():
-    eff = confident({(1, 0, 1, POWER): TRUE})
-    pre = confident({})
-    # The breakpoint's precondition "unpowered" is a weak belief (0.3; "unknown" is 0.6).
-    pre[1, 0, 3, POWER, :3] = np.log([0.6, 0.3, 0.1])
-    arrays = pair(pre_logits=pre, eff_logits=eff)
-    forced = decoding.decode(arrays, COHERENT)
-    found = assert_backed(forced)
-    assert (found.entity, found.evidence, found.breakpoint) == (0, 1, 3)
-    config = dataclasses.replace(COHERENT, backing_threshold=0.4)
-    kept = decoding.decode(arrays, config)
-    # Same story and conflict; the weak cell keeps the head's state, the sure one is set.
-    assert kept.contradictions[0] == found
-    assert kept.story_pred[0] == forced.story_pred[0]
-    np.testing.assert_array_equal(kept.conflict_prob, forced.conflict_prob)
-    assert kept.pre_pred[0, 1, 0, 3, POWER] == 0
-    assert kept.eff_pred[0, 1, 0, 1, POWER] == TRUE
-    assert decoding.decode(arrays, dataclasses.replace(COHERENT, backing_threshold=0.25)
-                           ).pre_pred[0, 1, 0, 3, POWER] == FALSE
 
 
 def test_the_explanations_states_need_the_conflict_state_threshold():

@@ -140,7 +140,6 @@ RANGES: dict[str, Rule] = {
     "decoding.conflict_weight": NON_NEGATIVE,
     "decoding.state_threshold": interval("[0, 1)"),  # 0: every argmax
     "decoding.conflict_state_threshold": interval("[0, 1)"),  # 0: off
-    "decoding.backing_threshold": interval("[0, 1)"),  # 0: the backing cells always set
     "mesh.data": MESH_SIZE,
     "mesh.fsdp": MESH_SIZE,
     "mesh.fsdp_min_size": NON_NEGATIVE,

@@ -40,17 +40,11 @@ the batch contract's names) and return the four predictions the metrics score: `
   annotates a state under one of the names, almost never under both). The backing cells are
   set after both, so a decoded conflict stays backed.
 
-  Two more options read the explanation's states (off by default; chosen on held-out outputs,
-  docs/results.md, "Verifiability levers on the held-out slice"): ``conflict_state_threshold``
-  asserts an effect at the decoded evidence sentence and a precondition at the decoded
-  breakpoint (the implausible story, every entity) only when the head gives its class at least
-  that probability (the states the explanation consists of are held to a stricter belief than
-  the rest); ``backing_threshold`` sets a backing cell to the contradiction's value only when
-  the head gives that value at least this probability, else the cell keeps its read state (in
-  about half of TRIP's pairs the conflict is not a same-attribute flip, and a forced flip there
-  asserts a state the data contradicts). Neither changes the story or the conflicting pair: the
-  beliefs still mark (i, j) for the backing entity, so such a conflict may be shown without
-  its two backing states.
+  ``conflict_state_threshold`` (off by default; measured in docs/results.md, "Verifiability
+  levers on the held-out slice") asserts an effect at the decoded evidence sentence and a
+  precondition at the decoded breakpoint (the implausible story, every entity) only when the
+  head gives its class at least that probability; the backing cells are still set, and the
+  story and the conflicting pair do not change.
 
   Ties are broken deterministically: within a story, the first best contradiction in the order
   (entity, evidence i, breakpoint j, attribute, value false-then-true) wins; when both stories
@@ -95,7 +89,6 @@ class DecodingConfig:
     persistence: bool = True       # coherent: no effect in between may undo the evidence
     state_threshold: float = 0.0   # coherent: a state needs this probability (0: the argmax)
     alias_states: bool = False     # coherent: an object named twice has its states once
-    backing_threshold: float = 0.0  # coherent: a backing cell is set only from this probability
     conflict_state_threshold: float = 0.0  # coherent: the explanation's states need this
 
     def __post_init__(self):
@@ -103,7 +96,7 @@ class DecodingConfig:
             raise ValueError(f"unknown decoding {self.method!r}; expected one of {DECODINGS}")
         if self.conflict_weight < 0:
             raise ValueError(f"decoding.conflict_weight must be >= 0, got {self.conflict_weight}")
-        for key in ("state_threshold", "backing_threshold", "conflict_state_threshold"):
+        for key in ("state_threshold", "conflict_state_threshold"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ValueError(f"decoding.{key} must be in [0, 1), got {getattr(self, key)}")
 
@@ -282,8 +275,8 @@ def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One pair's decoded states and beliefs ([2, E, S, ...]): the states (``read_states``) with
     the backing cells set, and beliefs 1 at i and j of the contradiction's story for every entity
-    with a non-zero decoded state there (module docstring). ``conflict_state_threshold`` and
-    ``backing_threshold`` (module docstring) read the logits [2, E, S, 20, C]."""
+    with a non-zero decoded state there (module docstring). ``conflict_state_threshold`` (module
+    docstring) reads the logits [2, E, S, 20, C]."""
     pre_pred, eff_pred = np.array(pre_pred), np.array(eff_pred)
     beliefs = np.zeros(row_mask.shape, np.float32)
     if found is None:
@@ -297,11 +290,8 @@ def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np
             confidence = np.take_along_axis(log_softmax(logits[k, :, s]),
                                             pred[k, :, s, :, None], -1)[..., 0]
             pred[k, :, s][confidence < np.log(config.conflict_state_threshold)] = 0
-    for pred, logits, s, value in cells:
-        # A backing cell takes the contradiction's value unless the head gives it too little.
-        if (not config.backing_threshold
-                or log_softmax(logits[k, e, s, a])[value] >= np.log(config.backing_threshold)):
-            pred[k, e, s, a] = value
+    for pred, _, s, value in cells:
+        pred[k, e, s, a] = value
     for s in (found.evidence, found.breakpoint):
         involved = (pre_pred[k, :, s] != 0).any(-1) | (eff_pred[k, :, s] != 0).any(-1)
         beliefs[k, :, s] = (involved | (np.arange(len(involved)) == e)) & row_mask[k, :, s]
