@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import harness
 from configs import base, minilm
 from trip_jax import builders, losses, optimizers, protocol
 from trip_jax.data import batching, features
@@ -39,15 +40,6 @@ PIECES = {
     "token_types": ("data.token_types", "segments"),
     "max_length": ("data.max_length", 0),
 }
-
-
-def set_key(config, dotted: str, value) -> None:
-    """Sets ``config.a.b.c = value`` for dotted key "a.b.c"."""
-    *parents, key = dotted.split(".")
-    node = config
-    for parent in parents:
-        node = node[parent]
-    node[key] = value
 
 
 def pick_pair(pairs):
@@ -183,7 +175,7 @@ def main() -> None:
     for name, changes in cases.items():
         config = minilm.get_config("exact")
         for key, value in changes:
-            set_key(config, key, value)
+            harness.set_config_value(config, key, value)
         model_v, batch_v, loss_v = variant(config)
         out_v, losses_v = forward(model_v, params, batch_v, loss_v)
         entry = compare(base_values, base_losses, real_cells(out_v, batch_v, num_classes),

@@ -1,22 +1,31 @@
-"""The real training objects of one model, built the way ``trip_jax.train`` builds them.
+"""The benchmarks' one harness: a model's real training objects, its batches, and the timers.
 
-``Harness.build`` reads the dev pairs from ``$TRIP_DATA_DIR``, tokenizes them with the model's
-tokenizer (``trip_jax.input_pipeline``), and creates the mesh, the model and, with
-``train.build_trainer`` (as training does), the optimizer, the train state and the jitted train
-and eval steps. The benchmarks time exactly those step functions (encoder + heads + detector +
-loss + optimizer update).
+Setup: ``ModelData.load`` builds model NAME's run configuration (``benchmarks.cases``) and
+reads and tokenizes the dev pairs of ``$TRIP_DATA_DIR`` as ``trip_jax.input_pipeline`` does;
+``Harness.build`` adds the mesh, the model and, with ``train.build_trainer`` (as training
+does), the optimizer, the train state and the jitted train and eval steps. The benchmarks time
+exactly those step functions (encoder + heads + detector + loss + optimizer update).
 
-Also here: the batches the benchmarks feed them. ``representative_pairs`` picks B pairs spread
-over the dev set's row-count distribution (so a fixed batch has about the mean pair size), and
-``LAYOUTS`` names every layout the trip-jax cases time: the config overrides it needs and the
-function that builds its batch. ``packed`` is the training layout; ``reference_dense`` lays one
-pair out as the reference did (padded to the data's largest entity count, sentence count and
-row length, one pair a batch). A new layout is one more ``LAYOUTS`` entry.
+Batches: ``representative_pairs`` (B pairs spread over the row-count distribution, so a fixed
+batch has about the mean pair size), ``Harness.layout_batch`` (a layout of
+``cases.LAYOUTS``), ``Harness.largest_batch`` (an epoch's largest).
+
+Measuring: ``time_calls`` (the first call, then the median of ``iters`` later calls and their
+CPU time), ``time_compiled`` (a jitted step: ahead-of-time compile apart, then ``time_calls``,
+and XLA's FLOPs and memory plan), ``peak_rss_mib``, ``device_peak_bytes``, ``batch_info``,
+``rates`` and ``state_sizes``. ``case_main`` is the command line of a per-case worker
+(``--case JSON --out FILE``), which ``benchmarks.run`` starts in its own process per case.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
+import resource
+import statistics
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +33,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from benchmarks import models
+from benchmarks import cases, flops
 from trip_jax import batch_contract, builders, input_pipeline, protocol, sharding
+from trip_jax.batch_contract import is_packed_tokens
 from trip_jax.data import batching, features, readers
-from trip_jax.data.features import Buckets, EncodedPair
+from trip_jax.data.features import EncodedPair
 from trip_jax.data.types import StoryPair
 from trip_jax.input_pipeline import Layout
+from trip_jax.models import weights
 from trip_jax.models.tiered import TieredConfig
 
 if TYPE_CHECKING:  # imported where a Harness is built: ModelData alone does not need it
@@ -37,22 +48,34 @@ if TYPE_CHECKING:  # imported where a Harness is built: ModelData alone does not
 
 # The pair sets a harness can load.
 SPLITS = ("dev", "dev_train")
+MODES: tuple[str, ...] = ("eval", "train")
 # Steps the optimizer schedule is built for (the constant schedule ignores it).
 _SCHEDULE_STEPS = 10_000
 
 
+def set_config_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    """Sets the dotted ``key`` (e.g. "data.layout") of ``config``."""
+    *path, leaf = key.split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    node[leaf] = value
+
+
 @dataclasses.dataclass
 class ModelData:
-    """One model's run configuration and the dev pairs, raw and tokenized with its tokenizer."""
+    """One model's run configuration and the pairs, raw and tokenized with its tokenizer.
+
+    ``num_entities``: E of every batch where training fixes it (``Layout.for_splits``:
+    data_max entity padding or packed_tokens), the largest entity count of the protocol's three
+    splits and of ``pairs`` (which ignore ``config.data.max_pairs``); else None.
+    """
 
     name: str
     config: ml_collections.ConfigDict
     tokenizer: Any
     pairs: list[StoryPair]
     encoded: list[EncodedPair]
-    # E of every batch where training fixes it (``Layout.for_splits``: data_max entity padding
-    # or packed_tokens): the largest entity count of the protocol's three splits (and of
-    # ``pairs``, which ignore ``config.data.max_pairs``); else None.
     num_entities: int | None = None
 
     @classmethod
@@ -60,11 +83,10 @@ class ModelData:
              dtype: str | None = None, remat: bool | None = None,
              short_seq_len: int | None = None,
              overrides: Mapping[str, Any] | None = None, split: str = "dev") -> "ModelData":
-        """Model ``name`` (see ``benchmarks.models``) with ``overrides`` (dotted config keys)
-        set, and the pairs of ``split`` ("dev", or "dev_train": what a dev_train run trains on)
-        of ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps only the first N
-        pairs."""
-        config = models.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
+        """Model ``name`` (``cases.model_config``) with ``overrides`` (dotted config keys) set,
+        and the pairs of ``split`` ("dev", or "dev_train": what a dev_train run trains on) of
+        ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps the first N pairs."""
+        config = cases.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
         for key, value in (overrides or {}).items():
             set_config_value(config, key, value)
         config.data.data_dir = data_dir
@@ -88,53 +110,54 @@ class ModelData:
             fixed = max([fixed, *(p.num_entities for p in encoded)])
         return cls(name, config, tokenizer, list(pairs), encoded, fixed)
 
+    @property
+    def layout(self) -> Layout:
+        """The config's batch layout, E fixed as training fixes it (``num_entities``)."""
+        return dataclasses.replace(Layout.from_config(self.config.data),
+                                   num_entities=self.num_entities)
 
-def set_config_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
-    """Sets the dotted ``key`` (e.g. "data.layout") of ``config``."""
-    *path, leaf = key.split(".")
-    node = config
-    for part in path:
-        node = node[part]
-    node[leaf] = value
+    @property
+    def tiered(self) -> TieredConfig:
+        """The tiered architecture of the model's config."""
+        return TieredConfig.from_mapping({**self.config.model.tiered.to_dict(),
+                                          "max_sentences": self.config.data.max_sentences})
+
+    def encoder_config(self):
+        """The Hugging Face config of the model's encoder (no weights loaded)."""
+        model = self.config.model
+        if model.encoder:
+            return weights.load_config(weights.resolve_model_dir(model.encoder))
+        return builders.random_encoder_config(model, self.tokenizer)
+
+    def tokenizer_name(self) -> str:
+        """What tokenized the rows (for the results)."""
+        return builders.tokenizer_spec(self.config.model)
 
 
 @dataclasses.dataclass
 class Harness:
-    """One model's config, data, train state and jitted step functions."""
+    """One model's data (``ModelData``), encoder config, trainer (mesh, jitted steps) and
+    fresh train state."""
 
-    name: str
-    config: ml_collections.ConfigDict
-    tokenizer: Any
-    encoded: list[EncodedPair]
+    data: ModelData
     hf_config: Any
     trainer: train.Trainer
     state: Any
-    num_entities: int | None = None  # ModelData.num_entities
 
-    @property
-    def mesh(self):
-        """The device mesh the steps run on."""
-        return self.trainer.mesh
-
-    @property
-    def train_step(self):
-        """The jitted train step (``train.make_train_step``)."""
-        return self.trainer.train_step
-
-    @property
-    def eval_step(self):
-        """The jitted eval step (``evaluate.make_eval_step``)."""
-        return self.trainer.eval_step
+    name = property(lambda self: self.data.name)
+    config = property(lambda self: self.data.config)
+    encoded = property(lambda self: self.data.encoded)
+    num_entities = property(lambda self: self.data.num_entities)
+    layout = property(lambda self: self.data.layout)
+    tiered = property(lambda self: self.data.tiered)
+    mesh = property(lambda self: self.trainer.mesh)
+    train_step = property(lambda self: self.trainer.train_step)  # train.make_train_step
+    eval_step = property(lambda self: self.trainer.eval_step)  # evaluate.make_eval_step
 
     @classmethod
-    def build(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
-              dtype: str | None = None, remat: bool | None = None,
-              short_seq_len: int | None = None,
-              overrides: Mapping[str, Any] | None = None, split: str = "dev") -> "Harness":
-        """Builds model ``name`` on the pairs of ``split`` (arguments: ``ModelData.load``)."""
-        data = ModelData.load(name, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
-                              remat=remat, short_seq_len=short_seq_len, overrides=overrides,
-                              split=split)
+    def build(cls, name: str, **load) -> "Harness":
+        """Builds model ``name`` on its pairs (keyword arguments: ``ModelData.load``)."""
+        data = ModelData.load(name, **load)
         from trip_jax import train  # noqa: PLC0415 - checkpointing imports, not for ModelData
 
         config = data.config
@@ -142,36 +165,28 @@ class Harness:
         model = builders.build_model(config, hf_config)
         trainer = train.build_trainer(config, model, sharding.create_mesh(config.mesh),
                                       _SCHEDULE_STEPS)
-        return cls(name, config, data.tokenizer, data.encoded, hf_config, trainer,
-                   trainer.fresh_state(encoder_params), data.num_entities)
-
-    @property
-    def tiered(self) -> TieredConfig:
-        """The tiered architecture the model was built with."""
-        return TieredConfig.from_mapping(
-            {**self.config.model.tiered.to_dict(),
-             "max_sentences": self.config.data.max_sentences})
-
-    @property
-    def layout(self) -> Layout:
-        """The config's batch layout (``input_pipeline.Layout``), E fixed as training fixes
-        it (``num_entities``)."""
-        return dataclasses.replace(Layout.from_config(self.config.data),
-                                   num_entities=self.num_entities)
-
-    @property
-    def buckets(self) -> Buckets:
-        """The config's shape buckets."""
-        return self.layout.buckets
-
-    @property
-    def seq_len(self) -> int | None:
-        """The config's fixed token length, or None (bucketed per batch)."""
-        return self.layout.seq_len
+        return cls(data, hf_config, trainer, trainer.fresh_state(encoder_params))
 
     def config_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one batch of the config's layout and buckets (as training batches)."""
         return next(input_pipeline.batch_stream(pairs, self.layout, len(pairs)))
+
+    def reference_dense_batch(self, pair: EncodedPair) -> dict[str, np.ndarray]:
+        """One pair in the reference's layout (see ``reference_dense_shape``)."""
+        entities, seq_len = reference_dense_shape(self.encoded)
+        return features.build_batch([pair], [0], layout="dense", num_entities=entities,
+                                    seq_len=seq_len, pad_id=pair.pad_id,
+                                    max_sentences=self.config.data.max_sentences)
+
+    def layout_batch(self, layout: str, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
+        """``pairs`` as one batch of benchmark layout ``layout`` (``cases.LAYOUTS``; the
+        harness was built with its overrides)."""
+        kind = cases.LAYOUTS[layout].batch
+        if kind == "config":
+            return self.config_batch(pairs)
+        if kind == "reference_dense":
+            return self.reference_dense_batch(pairs[0])
+        raise ValueError(f"layout {layout!r}: unknown batch kind {kind!r}")
 
     def largest_batch(self, batch_size: int) -> tuple[dict[str, np.ndarray], list[EncodedPair]]:
         """The batch of one unshuffled epoch over the pairs at ``batch_size`` (the config's
@@ -185,39 +200,27 @@ class Harness:
         best = max(input_pipeline.batch_stream(self.encoded, self.layout, batch_size), key=size)
         return best, [self.encoded[i] for i in best["pair_index"][best["pair_mask"]]]
 
-    def packed_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
-        """``pairs`` as one packed batch with the config's buckets (the training layout)."""
-        layout = dataclasses.replace(self.layout, layout="packed")
-        return next(input_pipeline.batch_stream(pairs, layout, len(pairs)))
-
-    def reference_dense_batch(self, pair: EncodedPair) -> dict[str, np.ndarray]:
-        """One pair in the reference's layout (see ``reference_dense_shape``)."""
-        entities, seq_len = reference_dense_shape(self.encoded)
-        return features.build_batch([pair], [0], layout="dense", num_entities=entities,
-                                    seq_len=seq_len, pad_id=pair.pad_id,
-                                    max_sentences=self.config.data.max_sentences)
-
     def layout_summary(self, batch_size: int) -> dict:
-        """Padding and compiled shapes of one epoch over the dev pairs at ``batch_size``: real
-        rows and real tokens over the encoder rows/tokens of the packed layout (with the
-        config's short-row group), of batching's dense layout and of the reference layout, and
-        each one's distinct batch shapes (one compilation each)."""
-        S = self.config.data.max_sentences
-        stats = batching.layout_stats(self.encoded, batch_size, buckets=self.buckets,
-                                      seq_len=self.seq_len, max_sentences=S,
-                                      short_seq_len=self.layout.short_seq_len,
-                                      pack_length=self.layout.pack_length,
-                                      max_shapes=self.layout.max_shapes,
-                                      dedup_rows=self.layout.dedup_rows)
+        """Padding and compiled shapes of one epoch over the pairs at ``batch_size``: real rows
+        and real tokens over the encoder rows/tokens of every layout of batching (the config's
+        short-row group, pack length, shape limit and row sharing) and of the reference layout,
+        and each one's distinct batch shapes (one compilation each)."""
+        S, layout = self.config.data.max_sentences, self.layout
+        stats = batching.layout_stats(self.encoded, batch_size, buckets=layout.buckets,
+                                      seq_len=layout.seq_len, max_sentences=S,
+                                      short_seq_len=layout.short_seq_len,
+                                      pack_length=layout.pack_length,
+                                      max_shapes=layout.max_shapes,
+                                      dedup_rows=layout.dedup_rows)
         real_tokens = stats["real_tokens"]
         summary = {"batch_size": batch_size, "pairs": len(self.encoded),
                    "real_rows": stats["real_rows"], "real_tokens": real_tokens}
-        for layout in features.LAYOUTS:
-            summary[layout] = {"rows": stats[f"{layout}_rows"],
-                               "real_row_fraction": stats[f"{layout}_real_fraction"],
-                               "tokens": stats[f"{layout}_tokens"],
-                               "real_token_fraction": stats[f"{layout}_token_fraction"],
-                               "distinct_shapes": len(stats[f"{layout}_shapes"])}
+        for name in features.LAYOUTS:
+            summary[name] = {"rows": stats[f"{name}_rows"],
+                             "real_row_fraction": stats[f"{name}_real_fraction"],
+                             "tokens": stats[f"{name}_tokens"],
+                             "real_token_fraction": stats[f"{name}_token_fraction"],
+                             "distinct_shapes": len(stats[f"{name}_shapes"])}
         entities, seq_len = reference_dense_shape(self.encoded)
         rows = len(self.encoded) * 2 * entities * S
         summary["reference_dense"] = {
@@ -229,10 +232,6 @@ class Harness:
     def to_device(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """The host→device copy the training loop makes (``sharding.global_batch``)."""
         return sharding.global_batch(local, self.mesh)
-
-    def tokenizer_name(self) -> str:
-        """What tokenized the rows (for the results)."""
-        return builders.tokenizer_spec(self.config.model)
 
 
 def reference_dense_shape(encoded: Sequence[EncodedPair]) -> tuple[int, int]:
@@ -254,33 +253,137 @@ def representative_pairs(encoded: Sequence[EncodedPair], count: int) -> list[Enc
     return [encoded[i] for i in representative_indices(encoded, count)]
 
 
-@dataclasses.dataclass(frozen=True)
-class BenchmarkLayout:
-    """A batch layout the trip-jax cases time (``benchmarks.train_speed``).
-
-    overrides: dotted config keys set before the model and data are built (``Harness.build``).
-    batch: builds the one timed batch from the harness and the case's representative pairs.
-    one_pair: batches hold one pair (batch size 1 only), as the reference's did.
-    baseline: the reference layout, which the other layouts are compared with (``ratios``).
-    """
-
-    overrides: Mapping[str, Any]
-    batch: Callable[[Harness, Sequence[EncodedPair]], dict[str, np.ndarray]]
-    one_pair: bool = False
-    baseline: bool = False
+def real_lengths(pairs: Sequence[EncodedPair]) -> np.ndarray:
+    """The token length of every real row of ``pairs``."""
+    return np.concatenate([s.lengths for p in pairs for s in p.stories])
 
 
-# Every layout the trip-jax cases can time, by name (``benchmarks.run --layouts``). A new
-# layout of the data pipeline is one entry: its config keys, and ``Harness.config_batch`` if
-# the input pipeline builds its batches.
-LAYOUTS: dict[str, BenchmarkLayout] = {
-    "packed": BenchmarkLayout({"data.layout": "packed", "model.tiered.cells": "grid"},
-                              Harness.config_batch),
-    "packed_tokens": BenchmarkLayout({"data.layout": "packed_tokens", "data.seq_len": 0,
-                                      "data.short_seq_len": 0, "model.tiered.cells": "real"},
-                                     Harness.config_batch),
-    # The model config's own layout and keys, unchanged (the paper configs' exact mode).
-    "config": BenchmarkLayout({}, Harness.config_batch),
-    "reference_dense": BenchmarkLayout(
-        {"model.tiered.cells": "grid"}, lambda h, pairs: h.reference_dense_batch(pairs[0]), one_pair=True, baseline=True),
-}
+# --- measuring --------------------------------------------------------------------------
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def device_peak_bytes() -> int | None:
+    """Peak bytes in use on the first local device, where the backend reports it (GPU/TPU)."""
+    stats = jax.local_devices()[0].memory_stats()
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+def xla_cost(compiled) -> dict:
+    """XLA's FLOP count and memory plan of a compiled step."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+        cost = cost[0] if cost else {}
+    result = {"xla_flops": float(cost.get("flops", 0.0)) if cost else None}
+    memory = compiled.memory_analysis()
+    if memory is not None:
+        result["temp_bytes"] = int(memory.temp_size_in_bytes)
+        result["argument_bytes"] = int(memory.argument_size_in_bytes)
+        result["output_bytes"] = int(memory.output_size_in_bytes)
+        result["alias_bytes"] = int(memory.alias_size_in_bytes)  # outputs in donated inputs
+    return result
+
+
+def time_calls(step: Callable[[], object], iters: int, warmup: int = 1) -> dict:
+    """Runs ``step()`` (it returns when its work is done) ``warmup`` times, the first timed
+    (``first_run_s``), then ``iters`` timed times: ``step_s`` = their median (the first run's
+    time when ``iters`` is 0), ``step_s_all``, and the CPU seconds per timed run, user (compute
+    threads) and system (kernel time: page faults of new buffers, thread synchronisation)."""
+    start = time.perf_counter()
+    step()
+    first_run_s = time.perf_counter() - start
+    for _ in range(warmup - 1):
+        step()
+    times = []
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(iters):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    runs = max(iters, 1)
+    return {"first_run_s": first_run_s,
+            "step_s": statistics.median(times) if times else first_run_s, "step_s_all": times,
+            "cpu_user_s_per_step": (after.ru_utime - usage.ru_utime) / runs,
+            "cpu_sys_s_per_step": (after.ru_stime - usage.ru_stime) / runs}
+
+
+def time_compiled(lowerable, call: Callable[[], object], iters: int, args: tuple) -> dict:
+    """A jitted step: compile time (ahead of time, on ``args``), then ``time_calls`` of
+    ``call()`` (one step; returns what to block on; the compilation filled the jit cache, so it
+    does not compile again), ``first_call_s`` = compile + first run, and ``xla_cost``."""
+    start = time.perf_counter()
+    compiled = lowerable.lower(*args).compile()
+    compile_s = time.perf_counter() - start
+    timing = time_calls(lambda: jax.block_until_ready(call()), iters)
+    return {"compile_s": compile_s, "first_run_s": timing["first_run_s"],
+            "first_call_s": compile_s + timing["first_run_s"], **timing, **xla_cost(compiled)}
+
+
+def state_sizes(state) -> dict:
+    """Parameter count and bytes of the train state's parameters and optimizer state, and
+    the parameters of each top-level module (the encoder, the heads, the detector)."""
+    def count(tree):
+        return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
+
+    def nbytes(tree):
+        return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "nbytes"))
+
+    return {"params": count(state.params), "param_bytes": nbytes(state.params),
+            "opt_state_bytes": nbytes(state.opt_state),
+            "params_by_module": {k: count(v) for k, v in state.params.items()}}
+
+
+def batch_info(local: dict[str, np.ndarray], lengths: np.ndarray) -> dict:
+    """Pairs, real and encoder rows and tokens, and shapes of a host batch (``lengths``: of
+    every real row). ``real_tokens`` counts every real row's tokens (a row-by-row encoder's
+    work); ``encoded_real_tokens`` those the encoder runs on (fewer where packed_tokens encodes
+    rows of equal tokens once); ``packing_efficiency`` = the latter / ``encoder_tokens``."""
+    groups = flops.row_group_shapes(local)
+    packed = is_packed_tokens(local)
+    info = {"pairs": int(local["pair_mask"].sum()), "real_rows": int(local["row_mask"].sum()),
+            "encoder_rows": (int(local["row_start"].size) if packed
+                             else sum(rows for rows, _, _ in groups)),
+            "seq_len": int(local["input_ids"].shape[1]),
+            "row_groups": [list(g) for g in groups],  # (rows, real rows, T) per group
+            "grid_shape": list(local["row_mask"].shape),
+            "grid_slots": int(np.prod(local["row_mask"].shape)),
+            "real_tokens": int(lengths.sum()),
+            "encoded_real_tokens": (int((local["segment_ids"] > 0).sum()) if packed
+                                    else int(lengths.sum())),
+            "encoder_tokens": sum(rows * seq_len for rows, _, seq_len in groups)}
+    if packed:
+        info["sequences"] = int(local["input_ids"].shape[0])
+    info["packing_efficiency"] = info["encoded_real_tokens"] / info["encoder_tokens"]
+    return info
+
+
+def rates(timing: dict, info: dict, step_flops: dict) -> dict:
+    """One timed mode: the timing (``step_s``), its FLOPs, and its throughputs per second
+    (pairs, real rows, real tokens, encoder rows, model FLOPs, XLA FLOPs) from ``info``."""
+    step = timing["step_s"]
+    result = {"pairs_per_s": info["pairs"] / step, "real_rows_per_s": info["real_rows"] / step,
+              "tokens_per_s": info["real_tokens"] / step,
+              "encoder_rows_per_s": info["encoder_rows"] / step,
+              "model_flops_per_s": step_flops["model_flops"] / step}
+    if timing.get("xla_flops"):
+        result["xla_flops_per_s"] = timing["xla_flops"] / step
+    return {**timing, **step_flops, **result}
+
+
+def case_main(run_case: Callable[[dict], dict], description: str, argv=None) -> None:
+    """A per-case worker's command line: runs ``run_case`` on the ``--case`` JSON object and
+    writes its record to ``--out``; prints the step times to stderr."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--case", required=True, help="JSON object (see run_case)")
+    parser.add_argument("--out", required=True, help="JSON file for the record")
+    args = parser.parse_args(argv)
+    record = run_case(json.loads(args.case))
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(json.dumps({k: record[k] for k in ("model", "layout", "batch_size")}
+                     | {m: {k: record[m][k] for k in ("step_s", "compile_s") if k in record[m]}
+                        for m in MODES if m in record}), file=sys.stderr)

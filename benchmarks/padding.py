@@ -21,9 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks import models
-from trip_jax import builders
-from trip_jax.data import batching, features, readers
+from benchmarks import harness
+from trip_jax.data import batching
 from trip_jax.data.features import Buckets, EncodedPair
 
 
@@ -105,13 +104,11 @@ def main(argv=None) -> None:
     parser.add_argument("--split-tokens", type=int, default=16)
     parser.add_argument("--out", default=None, help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    config = models.model_config(args.model)
-    pairs = readers.load_split(readers.default_data_dir(None), "dev")
-    tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
-    encoded = features.encode_pairs(pairs, tokenizer, max_sentences=config.data.max_sentences)
-    rows = padding_table(encoded, [int(b) for b in args.batch_sizes.split(",")],
-                         Buckets(**config.data.buckets), seq_len=config.data.seq_len or None,
-                         max_sentences=config.data.max_sentences, window=args.window,
+    data = harness.ModelData.load(args.model)  # the dev pairs, tokenized as the config does
+    layout = data.layout
+    rows = padding_table(data.encoded, [int(b) for b in args.batch_sizes.split(",")],
+                         layout.buckets, seq_len=layout.seq_len,
+                         max_sentences=layout.max_sentences, window=args.window,
                          split_tokens=args.split_tokens)
     print("| B | layout | encoder tokens | real/encoder tokens | grid slots | real rows/slots "
           "| shapes |\n|---|---|---|---|---|---|---|")

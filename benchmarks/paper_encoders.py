@@ -11,7 +11,7 @@ parameter names), so ``--config.model.encoder=DIR`` loads it through the real co
 attention kind, fewer layers) for tests and for the per-layer memory slope. The directories
 are cached under ``$TMPDIR/trip_jax_paper_encoders`` (rewritten when the config differs).
 
-The directories hold no tokenizer: ``benchmarks.models.stand_in_tokenizer`` names the
+The directories hold no tokenizer: ``benchmarks.cases.stand_in_tokenizer`` names the
 stand-in the benchmarks use (no hub here).
 """
 

@@ -25,6 +25,8 @@ GPU_MEMORY_FORMULA = (
     "and 2-layer variants on the largest batch at B (benchmarks/gpu_memory.py); bf16 on GPU: "
     "the float32 total less (1 - r) * L * layer, r the bfloat16/float32 ratio of the residual "
     "bytes one encoder layer keeps per token (`residual_ratios`)")
+
+
 def gpu_memory_rows(entries: list[dict]) -> list[list]:
     """Table rows (GiB) of ``benchmarks.gpu_memory.estimates``."""
     gib = 2 ** 30
@@ -75,6 +77,12 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _sys_share(timed: dict) -> str:
+    """System CPU time over all CPU time of a timed step."""
+    cpu = timed["cpu_user_s_per_step"] + timed["cpu_sys_s_per_step"]
+    return f"{100 * timed['cpu_sys_s_per_step'] / max(cpu, 1e-9):.0f}%"
+
+
 def throughput_rows(cases: list[dict], torch_ratios: list[dict] | None = None) -> list[list]:
     """One row per timed (case, mode); the last two columns are the case's pairs/s over the
     PyTorch reference's (``torch_ratios`` of ``benchmarks.run``; "-" where none)."""
@@ -106,7 +114,7 @@ def throughput_rows(cases: list[dict], torch_ratios: list[dict] | None = None) -
                          _num(t["tokens_per_s"]),
                          _num(t["compile_s"]) if "compile_s" in t else "-",
                          f"{100 * t['mfu']:.1f}%" if "mfu" in t else "-",
-                         f"{100 * t['cpu_sys_s_per_step'] / max(t['cpu_user_s_per_step'] + t['cpu_sys_s_per_step'], 1e-9):.0f}%",
+                         _sys_share(t),
                          memory, _ratio(ratio.get("x_torch_padded")),
                          _ratio(ratio.get("x_torch_rows"))])
     return rows

@@ -5,7 +5,8 @@
     python -m benchmarks.run --smoke --out /tmp/smoke.json              # seconds-size check
     python -m benchmarks.run --device --smoke --out /tmp/device_smoke.json   # GPU path, on CPU
 
-Every case (model × layout × batch size) runs in its own process (``benchmarks.train_speed``
+The grids, layouts, models and targets are the tables of ``benchmarks.cases``. Every case
+(model × layout × batch size) runs in its own process (``benchmarks.train_speed``
 for trip-jax's steps, ``benchmarks.torch_speed`` for the eager PyTorch reference's layouts
 ``torch_padded`` and ``torch_rows``) so that its peak memory is its own; so do the epoch
 curves (``benchmarks.epoch_time``) and the matmul peak (``benchmarks.flops``), measured at the
@@ -16,8 +17,8 @@ same model and mode (``torch_ratios``), the MiniLM targets of issue #15 (``targe
 markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
 
 ``--models``, ``--batch-sizes``, ``--layouts``, ``--skip-curves``, ``--dtype``, ``--remat``,
-``--prng-impl``, ``--sort-window`` and ``--compile-cache`` narrow or change the grid for
-before/after experiments (``python -m benchmarks.report A.json B.json`` compares the runs).
+``--prng-impl``, ``--short-seq-len``, ``--sort-window`` and ``--compile-cache`` narrow or
+change the grid for before/after experiments (``python -m benchmarks.report A.json B.json`` compares the runs).
 """
 
 from __future__ import annotations
@@ -34,183 +35,18 @@ import time
 from pathlib import Path
 
 from benchmarks import gpu_memory, report
+from benchmarks.cases import (LAYOUTS, REFERENCE_LAYOUT, TARGETS, TARGETS_MODEL, TORCH_LAYOUTS,
+                              Case, Curve, Grid, select_grid)
 
 REPO = Path(__file__).resolve().parents[1]
-
-# The eager PyTorch reference's layouts (``benchmarks.torch_speed``); every other layout is
-# trip-jax's (``benchmarks.harness.LAYOUTS``, timed by ``benchmarks.train_speed``).
-TORCH_LAYOUTS: tuple[str, ...] = ("torch_padded", "torch_rows")
-REFERENCE_LAYOUT = "reference_dense"  # the reference's layout in trip-jax (the baseline)
-
-# Issue #15's speed targets (MiniLM, this CPU, same run): (key, what, kind, bound), kind "min":
-# measured >= bound, "max": measured <= bound, "below": measured < bound; bound None: measured
-# in the same run (B=1's cost per pair).
-TARGETS_MODEL = "minilm"
-TARGETS: tuple[tuple[str, str, str, float | None], ...] = (
-    ("train_x_torch_padded", "train pairs/s at B=1 over torch padded's", "min", 4.0),
-    ("train_x_torch_rows", "train pairs/s at B=1 over torch rows'", "min", 1.0),
-    ("eval_x_torch_padded", "eval pairs/s at B=1 over torch padded's", "min", 4.0),
-    ("b8_train_s_per_pair", "train s per pair at B=8 (bound: B=1's)", "max", None),
-    ("b8_peak_rss_gib", "peak RSS GiB at B=8 (train)", "below", 4.0),
-)
+# Per-case worker modules (``harness.case_main``): the eager PyTorch reference's layouts, and
+# trip-jax's (``cases.LAYOUTS``).
+TORCH_WORKER, TRIP_JAX_WORKER = "benchmarks.torch_speed", "benchmarks.train_speed"
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One timed case; ``modes`` are the steps timed ("eval", "train")."""
-
-    model: str
-    layout: str
-    batch_size: int
-    modes: tuple[str, ...] = ("eval", "train")
-    iters: int = 2
-    max_pairs: int = 0
-    remat: bool | None = None  # None: the config's (or --remat)
-    dtype: str | None = None  # None: the config's (or --dtype)
-    batch: str = "representative"  # or "largest": the epoch's largest batch (train_speed)
-    plan_batch_sizes: tuple[int, ...] = ()  # XLA memory plans (compiled only) at these sizes
-
-    @property
-    def module(self) -> str:
-        """The module that times this case."""
-        return ("benchmarks.torch_speed" if self.layout in TORCH_LAYOUTS
-                else "benchmarks.train_speed")
-
-
-@dataclasses.dataclass(frozen=True)
-class Skipped:
-    """A grid cell left out, and why (recorded in the results)."""
-
-    model: str
-    layout: str
-    batch_size: int
-    modes: tuple[str, ...]
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Curve:
-    """One epoch-time curve."""
-
-    model: str
-    batch_size: int
-    layout: str = "packed"
-    reps: tuple[int, ...] = (1, 2, 4)
-    max_pairs: int = 0
-    split: str = "dev"  # harness.SPLITS: the pairs of one epoch
-
-
-@dataclasses.dataclass(frozen=True)
-class Grid:
-    """What one run measures."""
-
-    name: str
-    cases: tuple[Case, ...]
-    skipped: tuple[Skipped, ...]
-    curves: tuple[Curve, ...]
-    peak_size: int
-    peak_dtypes: tuple[str, ...]
-
-
-def _cpu_grid() -> Grid:
-    """The CPU grid: 2 cores; iters=1 where one step takes tens of seconds."""
-    ref = REFERENCE_LAYOUT
-    cases = (
-        *(Case("tiny", "packed_tokens", b, iters=3) for b in (1, 8)),
-        Case("tiny", "packed", 1, iters=3),
-        Case("tiny", ref, 1, iters=3),
-        *(Case("tiny", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
-        Case("minilm", "packed_tokens", 1, iters=3),
-        Case("minilm", "packed_tokens", 8, iters=2),
-        Case("minilm", "packed", 1),
-        Case("minilm", ref, 1),
-        *(Case("minilm", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
-        Case("base", "packed_tokens", 1, iters=1),
-        Case("base", ref, 1, modes=("eval",), iters=1),
-        *(Case("base", layout, 1, modes=("eval",), iters=1) for layout in TORCH_LAYOUTS),
-    )
-    skipped = (
-        Skipped("minilm", "packed_tokens", 32, ("eval", "train"),
-                "CPU: ~20 s a train step at 8 pairs; the device grid covers larger batches"),
-        Skipped("base", "packed_tokens", 8, ("eval", "train"),
-                "CPU: several seconds per pair per train step; left to the device grid"),
-        Skipped("base", ref, 1, ("train",),
-                "CPU: 266 rows a step, ~40 s a train step and ~13 GB; eval only"),
-        *(Skipped("base", layout, 1, ("train",), "CPU: eval only, as base reference_dense")
-          for layout in TORCH_LAYOUTS),
-    )
-    # A warm epoch of what a dev_train run trains on (254 pairs), as MiniLM trains: batch 1.
-    curves = (Curve("tiny", 8, layout="packed_tokens"),
-              Curve("minilm", 1, layout="packed_tokens", reps=(1,), split="dev_train"))
-    return Grid("cpu", cases, skipped, curves, peak_size=2048, peak_dtypes=("float32",))
-
-
-def _device_grid() -> Grid:
-    """The GPU grid: RoBERTa-large-sized, bfloat16, larger batches (one prepared run)."""
-    ref = REFERENCE_LAYOUT
-    # Without remat a RoBERTa-large train step keeps about 0.15 MB per token and layer in
-    # float32 and 0.63 times that in bfloat16 (benchmarks/results/real_size_cpu.json), ~2.3 MB
-    # per token over 24 layers: batch 32 (~20-45k encoder tokens) fits a 141 GB H200 without
-    # remat, batch 64 needs it, and batch 32 runs both ways (remat's memory/time trade).
-    # large_exact is the paper's command (configs/roberta.py, exact mode): ~41 GiB at batch 8
-    # and ~120 GiB at 32 estimated in bfloat16 (benchmarks/README.md).
-    cases = (
-        Case("large", ref, 1, iters=5),
-        Case("large", "packed_tokens", 8, iters=5),
-        Case("large", "packed_tokens", 32, iters=5),
-        Case("large", "packed_tokens", 32, modes=("train",), iters=5, remat=True),
-        Case("large", "packed_tokens", 64, iters=5, remat=True),
-        Case("large_exact", "config", 8, iters=3, batch="largest"),
-        Case("large_exact", "config", 32, modes=("train",), iters=3, batch="largest"),
-    )
-    curves = (Curve("large", 32),)
-    return Grid("device", cases, (), curves, peak_size=8192,
-                peak_dtypes=("bfloat16", "float32"))
-
-
-# The paper configs at their real size (benchmarks/README.md, "The paper configs at their
-# real size"): one timed train and eval step on the largest batch at batch 1, and XLA's memory
-# plans of the train step at reduced depth (1 and 2 layers, the real widths) for the batch
-# sizes and dtypes a GPU run would use, from which the per-layer cost is extrapolated.
-PAPER_PLAN_BATCH_SIZES: tuple[int, ...] = (1, 8, 32)
-
-
-def _paper_grid(encoders: tuple[str, ...] = ("roberta", "bert", "deberta"),
-                batch_sizes: tuple[int, ...] = PAPER_PLAN_BATCH_SIZES,
-                dtypes: tuple[str, ...] = ("float32", "bfloat16"), timed: str = "") -> Grid:
-    """The paper configs (exact mode) of ``encoders`` at their real shapes (``timed``:
-    a model-name suffix such as "_l2" for fewer layers), float32, batch 1 timed; memory plans
-    of their 1- and 2-layer variants in ``dtypes`` at ``batch_sizes``."""
-    cases = tuple(Case(e + timed, "config", 1, iters=1, batch="largest") for e in encoders)
-    for e in encoders:
-        for dtype in dtypes:
-            cases += (Case(f"{e}_l1", "config", 1, modes=(), batch="largest", dtype=dtype,
-                           plan_batch_sizes=batch_sizes),
-                      Case(f"{e}_l2", "config", 1, modes=(), batch="largest", dtype=dtype,
-                           plan_batch_sizes=batch_sizes))
-    return Grid("paper", cases, (), (), peak_size=2048, peak_dtypes=("float32",))
-
-
-def _smoke_grid(device: bool) -> Grid:
-    """A seconds-size grid over the same code paths (tests, and a check before a long run)."""
-    model = "smoke_large" if device else "tiny"
-    cases = (Case(model, "packed_tokens", 2, iters=1, max_pairs=4),
-             Case(model, REFERENCE_LAYOUT, 1, modes=("eval",), iters=1, max_pairs=4))
-    if not device:  # the eager PyTorch reference runs on CPU
-        cases += tuple(Case(model, layout, 1, iters=1, max_pairs=4) for layout in TORCH_LAYOUTS)
-    curves = (Curve(model, 2, layout="packed_tokens", reps=(1, 2), max_pairs=4),)
-    return Grid("device_smoke" if device else "smoke", cases, (), curves, peak_size=256,
-                peak_dtypes=("bfloat16", "float32") if device else ("float32",))
-
-
-def select_grid(*, device: bool, smoke: bool, paper: bool = False) -> Grid:
-    """The grid of a run."""
-    if paper:
-        return (_paper_grid(("roberta",), (1, 2), ("float32",), timed="_l2") if smoke
-                else _paper_grid())
-    if smoke:
-        return _smoke_grid(device)
-    return _device_grid() if device else _cpu_grid()
+def worker(case: Case) -> str:
+    """The module that times ``case`` in its own process."""
+    return TORCH_WORKER if case.layout in TORCH_LAYOUTS else TRIP_JAX_WORKER
 
 
 def narrow(grid: Grid, models: list[str] | None, batch_sizes: list[int] | None,
@@ -482,7 +318,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-sizes", default=None,
                         help="batch sizes to keep (the reference layout is 1)")
     parser.add_argument("--layouts", default=None,
-                        help="comma-separated: packed, reference_dense, torch_padded, torch_rows")
+                        help="comma-separated, of: " + ", ".join([*LAYOUTS, *TORCH_LAYOUTS]))
     parser.add_argument("--skip-curves", action="store_true")
     parser.add_argument("--dtype", default=None, help="override model.dtype")
     parser.add_argument("--remat", default=None, action="store_true",
@@ -521,7 +357,7 @@ def main(argv=None) -> dict:
     for case in grid.cases:
         label = f"case {case.model} {case.layout} B={case.batch_size} {','.join(case.modes)}"
         results["cases"].append(_run_recorded(
-            label, case.module, _case_args(case, options), "case", case, options,
+            label, worker(case), _case_args(case, options), "case", case, options,
             env if case.modes else plan_env(env)))
         save(results, out, started)
     for curve in grid.curves:

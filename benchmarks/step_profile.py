@@ -24,27 +24,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks import harness
+from benchmarks import cases, harness
 from trip_jax import losses, runtime
 
 
 def _median_seconds(fn, args: tuple, iters: int) -> float:
-    """Compiles and runs ``fn(*args)`` once, then returns the median of ``iters`` timed runs."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Compiles and runs ``fn(*args)`` once, then returns the median of ``iters`` timed runs
+    (``harness.time_calls``)."""
+    return harness.time_calls(lambda: jax.block_until_ready(fn(*args)), iters)["step_s"]
 
 
 def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
@@ -52,9 +45,8 @@ def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
     """Times the pieces of one train step (module docstring); returns seconds and shares."""
     if prng_impl:
         runtime.set_prng_impl(prng_impl)
-    h = harness.Harness.build(model, overrides=harness.LAYOUTS[layout].overrides)
-    spec = harness.LAYOUTS[layout]
-    local = spec.batch(h, harness.representative_pairs(h.encoded, batch_size))
+    h = harness.Harness.build(model, overrides=cases.LAYOUTS[layout].overrides)
+    local = h.layout_batch(layout, harness.representative_pairs(h.encoded, batch_size))
     batch = h.to_device(local)
     tiered = h.trainer.model
     loss_config = losses.LossConfig.from_mapping(h.config.loss)
@@ -114,7 +106,7 @@ def main(argv=None) -> None:
     """Parses flags, profiles, writes JSON (and prints it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm")
-    parser.add_argument("--layout", default="packed_tokens", choices=sorted(harness.LAYOUTS))
+    parser.add_argument("--layout", default="packed_tokens", choices=sorted(cases.LAYOUTS))
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--prng-impl", default=None)

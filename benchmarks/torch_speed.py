@@ -1,8 +1,8 @@
-"""Times the eager PyTorch reference step (``benchmarks/torch_reference.py``) on the pairs that
-the trip-jax cases time: the same-run baseline of every benchmark table.
+"""Times the eager PyTorch reference step on the pairs that the trip-jax cases time.
 
-A case runs in its own process (``benchmarks.run`` starts one per case) so that its peak memory
-is its own. Layouts:
+The reference (``trip_jax/models/torch_reference.py``) is the same-run baseline of every
+benchmark table. A case runs in its own process (``benchmarks.run`` starts one per case) so
+that its peak memory is its own. Layouts:
 
 - ``torch_padded``: as the reference ran. The pairs are encoded as the reference encoded them
   (rows cut at 16 tokens, token types zero), padded to the data's largest entity count x 7
@@ -18,9 +18,9 @@ Batches: ``batch_size`` pairs picked as the trip-jax cases pick them
 backward + ``clip_grad_norm_`` + transformers-style AdamW with the config's learning rate,
 betas, eps, weight decay, clip norm and loss weights (``torch_reference.train_step``); eval =
 forward in eval mode under ``torch.no_grad()``. Each mode runs ``warmup`` untimed steps, then
-``iters`` timed ones (steady state = their median). Eval runs before train, as in
-``benchmarks.train_speed``. Weights are torch's random initialisation: a step's cost does not
-depend on their values. Threads: ``torch.set_num_threads(os.cpu_count())``, with
+``iters`` timed ones (steady state = their median; ``harness.time_calls``). Eval runs before
+train, as in ``benchmarks.train_speed``. Weights are torch's random initialisation: a step's
+cost does not depend on their values. Threads: ``torch.set_num_threads(os.cpu_count())``, with
 ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it: torch's OpenMP threads otherwise
 spin at every barrier, and on a CPU shared with any other process one descheduled thread stalls
 the rest (the tiny model's eval step measured 0.6-2.1 s instead of 0.09 s at a load average of
@@ -37,52 +37,29 @@ import os
 # Read once when OpenMP starts (at ``import torch``): set before it (module docstring).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
-import resource  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from benchmarks import flops, harness, train_speed  # noqa: E402
-from benchmarks import torch_reference as ref  # noqa: E402
-from trip_jax import builders, input_pipeline  # noqa: E402
+from benchmarks import cases, flops, harness  # noqa: E402
+from trip_jax import input_pipeline  # noqa: E402
 from trip_jax.data import features  # noqa: E402
-from trip_jax.models import weights  # noqa: E402
+from trip_jax.models import torch_reference as ref  # noqa: E402
 from trip_jax.models.tiered import TieredConfig  # noqa: E402
 
-LAYOUTS: tuple[str, ...] = ("torch_padded", "torch_rows")
-MODES: tuple[str, ...] = ("eval", "train")
 # The reference's encoder input: rows cut at 16 tokens, token types zero.
 REFERENCE_ROW_LENGTH = 16
 REFERENCE_TOKEN_TYPES = "zeros"
-
-
-def encoder_config(data: harness.ModelData) -> transformers.PretrainedConfig:
-    """The Hugging Face config of the model's encoder (no weights loaded)."""
-    model = data.config.model
-    if model.encoder:
-        return weights.load_config(weights.resolve_model_dir(model.encoder))
-    return builders.random_encoder_config(model, data.tokenizer)
-
-
-def tiered_config(data: harness.ModelData) -> TieredConfig:
-    """The tiered architecture of the model's config."""
-    return TieredConfig.from_mapping({**data.config.model.tiered.to_dict(),
-                                      "max_sentences": data.config.data.max_sentences})
 
 
 def padded_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.ndarray]:
     """The pairs ``indices`` as the reference fed them: a dense batch at the data's largest
     entity count and 16 tokens a row, re-encoded with rows cut at 16 and zero token types.
     Returns (host batch, token length of every real row)."""
-    layout = dataclasses.replace(harness.Layout.from_config(data.config.data),
+    layout = dataclasses.replace(input_pipeline.Layout.from_config(data.config.data),
                                  max_length=REFERENCE_ROW_LENGTH,
                                  token_types=REFERENCE_TOKEN_TYPES)
     pairs = input_pipeline.encode([data.pairs[i] for i in indices], data.tokenizer, layout)
@@ -90,55 +67,31 @@ def padded_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.
     local = features.build_batch(pairs, list(range(len(pairs))), layout="dense",
                                  num_entities=entities, seq_len=REFERENCE_ROW_LENGTH,
                                  pad_id=pairs[0].pad_id, max_sentences=layout.max_sentences)
-    return local, _real_lengths(pairs)
+    return local, harness.real_lengths(pairs)
 
 
 def rows_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.ndarray]:
     """trip-jax's packed batch of the pairs ``indices`` (the config's buckets and T, one row
     group). Returns (host batch, token length of every real row)."""
-    layout = dataclasses.replace(harness.Layout.from_config(data.config.data), layout="packed",
-                                 short_seq_len=None)
+    layout = dataclasses.replace(input_pipeline.Layout.from_config(data.config.data),
+                                 layout="packed", short_seq_len=None)
     pairs = [data.encoded[i] for i in indices]
-    return next(input_pipeline.batch_stream(pairs, layout, len(pairs))), _real_lengths(pairs)
-
-
-def _real_lengths(pairs) -> np.ndarray:
-    return np.concatenate([s.lengths for p in pairs for s in p.stories])
-
-
-def time_torch_step(step: Callable[[], object], iters: int, warmup: int) -> dict:
-    """The first (warm-up) run's time and the median of ``iters`` later runs of ``step()``."""
-    start = time.perf_counter()
-    step()
-    first_run_s = time.perf_counter() - start
-    for _ in range(warmup - 1):
-        step()
-    times = []
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    for _ in range(iters):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    runs = max(iters, 1)
-    return {"first_run_s": first_run_s, "warmup_steps": warmup,
-            "step_s": statistics.median(times) if times else first_run_s, "step_s_all": times,
-            "cpu_user_s_per_step": (after.ru_utime - usage.ru_utime) / runs,
-            "cpu_sys_s_per_step": (after.ru_stime - usage.ru_stime) / runs}
+    batch = next(input_pipeline.batch_stream(pairs, layout, len(pairs)))
+    return batch, harness.real_lengths(pairs)
 
 
 def run_case(case: dict) -> dict:
     """Runs one case (keys: model, layout, batch_size, iters, warmup, modes, data_dir,
     max_pairs); returns its record."""
     layout, batch_size = case["layout"], int(case["batch_size"])
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    if layout not in cases.TORCH_LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {cases.TORCH_LAYOUTS}")
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
     start = time.perf_counter()
     data = harness.ModelData.load(case["model"], data_dir=case.get("data_dir", ""),
                                   max_pairs=case.get("max_pairs", 0))
-    hf_config, tiered = encoder_config(data), tiered_config(data)
+    hf_config, tiered = data.encoder_config(), data.tiered
     model = ref.ReferenceModel(hf_config, ref.ReferenceConfig.from_tiered(tiered))
     setup_s = time.perf_counter() - start
 
@@ -149,12 +102,12 @@ def run_case(case: dict) -> dict:
         inputs = ref.padded_inputs(local, pad_id=data.encoded[0].pad_id,
                                    seq_len=REFERENCE_ROW_LENGTH)
         forward = lambda: model.forward_padded(**inputs)  # noqa: E731
-        info = train_speed.batch_info(local, real_lengths)
+        info = harness.batch_info(local, real_lengths)
     else:
         local, real_lengths = rows_batch(data, indices)
         inputs = ref.row_inputs(local)
         forward = lambda: model.forward_rows(**inputs)  # noqa: E731
-        info = _rows_info(train_speed.batch_info(local, real_lengths), tiered)
+        info = _rows_info(harness.batch_info(local, real_lengths), tiered)
     labels = ref.label_tensors(local)
     host_batch_s = time.perf_counter() - start
     step_flops = flops.step_flops(hf_config, tiered, local, real_lengths)
@@ -182,20 +135,21 @@ def run_case(case: dict) -> dict:
               "threads": torch.get_num_threads(),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "dtype": "float32",
               "remat": False,
-              "short_seq_len": 0, "tokenizer": builders.tokenizer_spec(data.config.model),
+              "short_seq_len": 0, "tokenizer": data.tokenizer_name(),
               "encoder": {k: getattr(hf_config, k) for k in (
                   "model_type", "hidden_size", "num_hidden_layers", "intermediate_size")},
               "encoder_matmul_params": flops.encoder_matmul_params(hf_config),
               "batch": info, "setup_s": setup_s, "host_batch_s": host_batch_s,
-              "memory": {"rss_after_setup_mib": train_speed.peak_rss_mib()}}
+              "memory": {"rss_after_setup_mib": harness.peak_rss_mib()}}
     iters, warmup = int(case.get("iters", 2)), int(case.get("warmup", 1))
-    for mode in case.get("modes", MODES):
+    for mode in case.get("modes", harness.MODES):
         steps = {"eval": eval_step, "train": train_step}
         if mode not in steps:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-        timing = time_torch_step(steps[mode], iters, warmup)
-        record[mode] = train_speed.rates(timing, info, step_flops[mode])
-        record["memory"][f"rss_peak_after_{mode}_mib"] = train_speed.peak_rss_mib()
+            raise ValueError(f"unknown mode {mode!r}; expected one of {harness.MODES}")
+        timing = harness.time_calls(steps[mode], iters, warmup)
+        timing = {"first_run_s": timing["first_run_s"], "warmup_steps": warmup, **timing}
+        record[mode] = harness.rates(timing, info, step_flops[mode])
+        record["memory"][f"rss_peak_after_{mode}_mib"] = harness.peak_rss_mib()
     return record
 
 
@@ -211,17 +165,8 @@ def _rows_info(info: dict, tiered: TieredConfig) -> dict:
 
 
 def main(argv=None) -> None:
-    """Runs the case given as JSON and writes its record to ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", required=True, help="JSON object (see run_case)")
-    parser.add_argument("--out", required=True, help="JSON file for the record")
-    args = parser.parse_args(argv)
-    record = run_case(json.loads(args.case))
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(json.dumps({k: record[k] for k in ("model", "layout", "batch_size")}
-                     | {m: {"step_s": record[m]["step_s"]} for m in MODES if m in record}),
-          file=sys.stderr)
+    """Runs the case given as JSON (``--case``) and writes its record to ``--out``."""
+    harness.case_main(run_case, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

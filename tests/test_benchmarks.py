@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from benchmarks import flops, harness, models, report, run, train_speed
+from benchmarks import cases, flops, harness, report, run, train_speed
 from configs import base
 from trip_jax.models.tiered import TieredConfig
 
@@ -92,9 +92,9 @@ def test_cpu_smoke_results(tmp_path, compilation_cache_dir):
     assert results["grid"] == "smoke"
     assert results["matmul_peak"]["best_flops_per_s"]["float32"] > 0
     assert len(results["load_average"]["start"]) == 3
-    cases = {c["layout"]: c for c in results["cases"]}
-    packed, reference = cases["packed_tokens"], cases["reference_dense"]
-    torch_padded, torch_rows = cases["torch_padded"], cases["torch_rows"]
+    by_layout = {c["layout"]: c for c in results["cases"]}
+    packed, reference = by_layout["packed_tokens"], by_layout["reference_dense"]
+    torch_padded, torch_rows = by_layout["torch_padded"], by_layout["torch_rows"]
     check_case(packed, "packed_tokens", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["batch"]["pairs"] == 2 and reference["batch"]["pairs"] == 1
@@ -118,12 +118,12 @@ def test_cpu_smoke_results(tmp_path, compilation_cache_dir):
     assert torch_rows["batch"]["encoder_rows"] == real_rows + 1
     # Every timed trip-jax mode over both torch layouts' pairs/s, same model and mode.
     torch_ratios = {(r["layout"], r["batch_size"], r["mode"]): r for r in results["torch_ratios"]}
-    assert set(torch_ratios) == {(c["layout"], c["batch_size"], mode) for c in cases.values()
-                                 if c["layout"] not in run.TORCH_LAYOUTS
+    assert set(torch_ratios) == {(c["layout"], c["batch_size"], mode) for c in by_layout.values()
+                                 if c["layout"] not in cases.TORCH_LAYOUTS
                                  for mode in ("eval", "train") if mode in c}
     assert {("packed_tokens", 2, "train"), ("reference_dense", 1, "eval")} <= set(torch_ratios)
     for (layout, _, mode), r in torch_ratios.items():
-        jax_case = cases[layout]
+        jax_case = by_layout[layout]
         for torch_case in (torch_padded, torch_rows):
             name = torch_case["layout"]
             assert r[f"{name}_batch_size"] == 1
@@ -150,9 +150,9 @@ def test_device_grid_runs_on_cpu(tmp_path, compilation_cache_dir):
     results = run_smoke(tmp_path, compilation_cache_dir, "--device", "--skip-curves")
     assert results["grid"] == "device_smoke"
     assert set(results["matmul_peak"]["best_flops_per_s"]) == {"bfloat16", "float32"}
-    cases = {c["layout"]: c for c in results["cases"]}
-    packed, reference = cases["packed_tokens"], cases["reference_dense"]
-    assert not set(cases) & set(run.TORCH_LAYOUTS)  # the eager reference is timed on CPU grids
+    by_layout = {c["layout"]: c for c in results["cases"]}
+    packed, reference = by_layout["packed_tokens"], by_layout["reference_dense"]
+    assert not set(by_layout) & set(cases.TORCH_LAYOUTS)  # the eager reference: CPU grids only
     check_case(packed, "packed_tokens", ("eval", "train"))
     check_case(reference, "reference_dense", ("eval",))
     assert packed["dtype"] == "bfloat16" and packed["encoder"]["model_type"] == "roberta"
@@ -168,12 +168,13 @@ def _minilm_case(layout: str, batch_size: int, step_s: float, rss_mib: float) ->
 
 
 def test_targets_say_met_or_by_how_much_missed():
-    cases = [_minilm_case("packed", 1, 2.0, 3000), _minilm_case("packed", 8, 12.0, 6144),
-             _minilm_case("torch_padded", 1, 6.0, 2000), _minilm_case("torch_rows", 1, 1.6, 2000),
-             _minilm_case("reference_dense", 1, 5.0, 3000)]
-    ratios = run.torch_ratios(cases)
-    targets = {t["target"]: t for t in run.targets(cases, ratios)}
-    assert {t["layout"] for t in run.targets(cases, ratios)} == {"packed"}
+    records = [_minilm_case("packed", 1, 2.0, 3000), _minilm_case("packed", 8, 12.0, 6144),
+               _minilm_case("torch_padded", 1, 6.0, 2000),
+               _minilm_case("torch_rows", 1, 1.6, 2000),
+               _minilm_case("reference_dense", 1, 5.0, 3000)]
+    ratios = run.torch_ratios(records)
+    targets = {t["target"]: t for t in run.targets(records, ratios)}
+    assert {t["layout"] for t in run.targets(records, ratios)} == {"packed"}
     # 6.0 / 2.0 = 3x the padded step: 25% short of 4x; 1.6 / 2.0 = 0.8x the rows step.
     assert targets["train_x_torch_padded"]["measured"] == pytest.approx(3.0)
     assert targets["train_x_torch_padded"]["missed_by"] == pytest.approx(0.25)
@@ -188,12 +189,12 @@ def test_targets_say_met_or_by_how_much_missed():
     assert [r[-1] for r in rows] == ["missed by 25%", "missed by 20%", "missed by 25%", "met",
                                      "missed by 50%"]
     # Without a batch 8 case those targets are "not timed", not met.
-    targets = run.targets(cases[:1] + cases[2:], ratios)
+    targets = run.targets(records[:1] + records[2:], ratios)
     assert [r[-1] for r in report.target_rows(targets)][-2:] == ["not timed", "not timed"]
 
 
 def test_device_grid_is_roberta_large_bf16_at_large_batches():
-    grid = run.select_grid(device=True, smoke=False)
+    grid = cases.select_grid(device=True, smoke=False)
     packed = {(c.batch_size, bool(c.remat)) for c in grid.cases if c.layout == "packed_tokens"}
     assert packed == {(8, False), (32, False), (32, True), (64, True)}
     assert any(c.layout == "reference_dense" for c in grid.cases)
@@ -201,26 +202,26 @@ def test_device_grid_is_roberta_large_bf16_at_large_batches():
     # The paper's command: configs/roberta.py as it is (exact mode) on its largest batches.
     exact = {(c.batch_size, c.batch) for c in grid.cases if c.model == "large_exact"}
     assert exact == {(8, "largest"), (32, "largest")}
-    exact_config = models.model_config("large_exact")
+    exact_config = cases.model_config("large_exact")
     assert base.reference_mode(exact_config) == "exact"
     assert exact_config.model.dtype == "bfloat16"
-    assert exact_config.model.random_encoder == models.model_config("large").model.random_encoder
-    config = models.model_config("large")
+    assert exact_config.model.random_encoder == cases.model_config("large").model.random_encoder
+    config = cases.model_config("large")
     assert config.model.dtype == "bfloat16"
     assert config.model.random_encoder.hidden_size == 1024
     assert config.model.random_encoder.num_hidden_layers == 24
 
 
 def test_layout_table_sets_config_keys_and_batch_sizes():
-    config = models.model_config("tiny")
+    config = cases.model_config("tiny")
     for key, value in {"data.layout": "dense", "model.tiered.detector_layers": 3}.items():
         harness.set_config_value(config, key, value)
     assert config.data.layout == "dense" and config.model.tiered.detector_layers == 3
-    assert harness.LAYOUTS["packed"].overrides == {"data.layout": "packed",
+    assert cases.LAYOUTS["packed"].overrides == {"data.layout": "packed",
                                                    "model.tiered.cells": "grid"}
-    assert harness.LAYOUTS["packed_tokens"].overrides["data.layout"] == "packed_tokens"
-    assert [n for n, spec in harness.LAYOUTS.items() if spec.baseline] == [run.REFERENCE_LAYOUT]
-    assert not set(harness.LAYOUTS) & set(run.TORCH_LAYOUTS)
+    assert cases.LAYOUTS["packed_tokens"].overrides["data.layout"] == "packed_tokens"
+    assert [n for n, spec in cases.LAYOUTS.items() if spec.baseline] == [cases.REFERENCE_LAYOUT]
+    assert not set(cases.LAYOUTS) & set(cases.TORCH_LAYOUTS)
     with pytest.raises(ValueError, match="one pair a batch"):
         train_speed.run_case({"model": "tiny", "layout": "reference_dense", "batch_size": 2})
     with pytest.raises(ValueError, match="unknown layout"):

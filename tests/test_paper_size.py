@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from benchmarks import gpu_memory, harness, models, paper_encoders, report, run
+from benchmarks import cases, gpu_memory, harness, paper_encoders, report, run
 from configs import base
 from trip_jax import builders, input_pipeline, protocol
 from trip_jax.models import weights
@@ -60,23 +60,23 @@ def _flat(params) -> dict:
     return {"/".join(k): v.shape for k, v in traverse_util.flatten_dict(params).items()}
 
 
-@pytest.mark.parametrize("name", sorted(models.PAPER_CONFIGS))
+@pytest.mark.parametrize("name", sorted(cases.PAPER_CONFIGS))
 def test_paper_models_are_the_paper_configs_around_a_local_encoder(monkeypatch, name):
     written = []
     monkeypatch.setattr(paper_encoders, "encoder_dir",
                         lambda n, layers=None: written.append((n, layers)) or f"/enc/{n}")
-    config = models.model_config(f"{name}_l2")
-    paper = models.PAPER_CONFIGS[name].get_config()
+    config = cases.model_config(f"{name}_l2")
+    paper = cases.PAPER_CONFIGS[name].get_config()
     assert written == [(name, 2)]
     assert config.model.encoder == f"/enc/{name}"
-    assert config.model.tokenizer == models.stand_in_tokenizer(name)
+    assert config.model.tokenizer == cases.stand_in_tokenizer(name)
     assert base.reference_mode(config) == "exact"
     assert config.train.learning_rate == paper.train.learning_rate
     assert config.model.tiered == paper.model.tiered
-    models.model_config(name)
+    cases.model_config(name)
     assert written[-1] == (name, None)  # the full depth
     with pytest.raises(ValueError, match="unknown model"):
-        models.model_config(f"{name}_2")
+        cases.model_config(f"{name}_2")
 
 
 def test_harness_pads_entities_and_finds_the_largest_batch(tiny_config, data_dir):
@@ -92,8 +92,7 @@ def test_harness_pads_entities_and_finds_the_largest_batch(tiny_config, data_dir
     splits = protocol.load_protocol_splits(config.data)
     assert data.num_entities <= max(s.num_entities for pairs in (
         splits.train, splits.selection, splits.test) for p in pairs for s in p.stories)
-    h = harness.Harness(data.name, data.config, data.tokenizer, data.encoded, None, None, None,
-                        data.num_entities)
+    h = harness.Harness(data, None, None, None)
     batch, pairs = h.largest_batch(2)
     sizes = [b["input_ids"].size for b in input_pipeline.batch_stream(h.encoded, h.layout, 2)]
     assert batch["input_ids"].size == max(sizes)
@@ -117,11 +116,11 @@ def _case(model, layers, dtype, temps, *, timed_temp=None):
 
 
 def test_gpu_memory_follows_its_formula():
-    cases = [_case("roberta", 24, "float32", {}, timed_temp=1 + 22 * 1 + 3),
-             _case("roberta_l1", 1, "float32", {1: 2, 8: 10}),
-             _case("roberta_l2", 2, "float32", {1: 3, 8: 14})]
-    cases[0]["memory_plans"] = []
-    entries = gpu_memory.estimates(cases)
+    records = [_case("roberta", 24, "float32", {}, timed_temp=1 + 22 * 1 + 3),
+               _case("roberta_l1", 1, "float32", {1: 2, 8: 10}),
+               _case("roberta_l2", 2, "float32", {1: 3, 8: 14})]
+    records[0]["memory_plans"] = []
+    entries = gpu_memory.estimates(records)
     assert [(e["dtype"], e["batch_size"]) for e in entries] == [("float32", 1), ("float32", 8)]
     one, eight = entries
     # state of the full model (24 layers) + batch + temp_l2 + 22 x (temp_l2 - temp_l1)
@@ -133,7 +132,7 @@ def test_gpu_memory_follows_its_formula():
     assert eight["check_full_over_measured"] is None
     assert len(report.gpu_memory_rows(entries)[0]) == len(report.GPU_MEMORY_HEADER)
     # bfloat16 on a GPU: the encoder layers' share (L x layer) scaled by the residual ratio.
-    eight = gpu_memory.estimates(cases, {"roberta": {"ratio": 0.5}})[1]
+    eight = gpu_memory.estimates(records, {"roberta": {"ratio": 0.5}})[1]
     assert eight["gpu_bfloat16_bytes"] == eight["total_bytes"] - 0.5 * 24 * 4
 
 
@@ -148,7 +147,7 @@ def test_bfloat16_keeps_fewer_residual_bytes_per_layer_token():
 
 
 def test_paper_grid_times_the_paper_configs_and_plans_their_reduced_depths():
-    grid = run.select_grid(device=False, smoke=False, paper=True)
+    grid = cases.select_grid(device=False, smoke=False, paper=True)
     timed = [c for c in grid.cases if c.modes]
     assert [c.model for c in timed] == ["roberta", "bert", "deberta"]
     assert all(c.layout == "config" and c.batch == "largest" and c.batch_size == 1
@@ -156,8 +155,8 @@ def test_paper_grid_times_the_paper_configs_and_plans_their_reduced_depths():
     plans = {(c.model, c.dtype): c.plan_batch_sizes for c in grid.cases if not c.modes}
     assert plans == {(f"{e}_l{n}", d): (1, 8, 32) for e in ("roberta", "bert", "deberta")
                      for n in (1, 2) for d in ("float32", "bfloat16")}
-    assert harness.LAYOUTS["config"].overrides == {}
+    assert cases.LAYOUTS["config"].overrides == {}
     spec = dataclasses.asdict(timed[0])
-    assert run._case_args(run.Case(**{**spec, "modes": ("train",)}),
+    assert run._case_args(cases.Case(**{**spec, "modes": ("train",)}),
                           argparse.Namespace(dtype=None, remat=None, prng_impl=None,
                                                  short_seq_len=None))[1].count("largest") == 1

@@ -1,7 +1,8 @@
 """The reference training step in eager PyTorch, written from its semantics (docs/exact-mode.md).
 
-A baseline for parity (tests/test_exact_reference.py) and for speed: the tiered model of the
-TRIP paper as the original implementation computed it, on Hugging Face's PyTorch encoders.
+A baseline for parity (tests/test_exact_reference.py) and for speed (benchmarks/torch_speed.py):
+the tiered model of the TRIP paper as the original implementation computed it, on Hugging
+Face's PyTorch encoders. Needs torch (the ``[test]`` extra); nothing else in trip_jax imports it.
 
 - Encoder: ``transformers`` BertModel / RobertaModel (no pooler, eager attention) over one row
   per (story, entity, sentence); row embedding = last hidden state at position 0. Masks are
