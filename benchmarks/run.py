@@ -1,6 +1,6 @@
 """Train/eval throughput, MFU, memory, compile time and epoch time of the tiered model: one command.
 
-    python -m benchmarks.run --out benchmarks/results/cpu.json          # CPU grid, < 15 min
+    python -m benchmarks.run --out benchmarks/results/cpu.json          # the CPU grid
     python -m benchmarks.run --device --out benchmarks/results/device.json   # GPU (device.sh)
     python -m benchmarks.run --smoke --out /tmp/smoke.json              # seconds-size check
     python -m benchmarks.run --device --smoke --out /tmp/device_smoke.json   # GPU path, on CPU

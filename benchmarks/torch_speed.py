@@ -22,9 +22,9 @@ forward in eval mode under ``torch.no_grad()``. Each mode runs ``warmup`` untime
 train, as in ``benchmarks.train_speed``. Weights are torch's random initialisation: a step's
 cost does not depend on their values. Threads: ``torch.set_num_threads(os.cpu_count())``, with
 ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it: torch's OpenMP threads otherwise
-spin at every barrier, and on a CPU shared with any other process one descheduled thread stalls
-the rest (the tiny model's eval step measured 0.6-2.1 s instead of 0.09 s at a load average of
-4 on 2 cores). The record says which policy ran (``omp_wait_policy``).
+spin at every barrier, and on a shared CPU one descheduled thread stalls the rest
+(benchmarks/README.md has the measured cost). The record says which policy ran
+(``omp_wait_policy``).
 
     python -m benchmarks.torch_speed --case '{"model": "tiny", "layout": "torch_rows",
         "batch_size": 1, "iters": 1}' --out /tmp/torch_case.json
