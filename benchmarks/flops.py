@@ -12,10 +12,10 @@ Model FLOPs of a step count the *real* rows only, at the batch's padded token le
 layout's row padding is waste, so the packed and dense layouts have the same model FLOPs for
 the same pairs); the packed_tokens layout has no per-row T, so its model FLOPs count each real
 row at its own length (its attention stays within a row). ``*_real_tokens`` variants count
-each row at its own length (no token padding either). Embedding look-ups, LayerNorms, softmax and the heads/detector are left out of MFU;
-``heads_detector_flops`` counts the state heads, projections and conflict detector separately
-(on real rows, and on every (pair, story, entity, sentence) slot of the grid, which is what the
-model computes).
+each row at its own length (no token padding either). Embedding look-ups, LayerNorms, softmax
+and the heads/detector are left out of MFU; ``heads_detector_flops`` counts the state heads,
+projections and conflict detector separately (on real rows, and on every (pair, story, entity,
+sentence) slot of the grid, which is what the model computes).
 
 MFU = model FLOPs per second / the peak FLOP/s of one large ``jnp.matmul`` timed in the same run.
 """

@@ -18,7 +18,8 @@ markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DI
 
 ``--models``, ``--batch-sizes``, ``--layouts``, ``--skip-curves``, ``--dtype``, ``--remat``,
 ``--prng-impl``, ``--short-seq-len``, ``--sort-window`` and ``--compile-cache`` narrow or
-change the grid for before/after experiments (``python -m benchmarks.report A.json B.json`` compares the runs).
+change the grid for before/after experiments (``python -m benchmarks.report A.json B.json``
+compares the runs).
 """
 
 from __future__ import annotations
