@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,7 +66,7 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     """{dotted key: value} of every schema key -> nested sections in the schema's key order."""
-    out = config_dict(Config).to_dict()
+    out = json.loads(config_dict(Config).to_json())  # to_json keeps the declaration order
     for key, value in flat.items():
         *sections, name = key.split(".")
         node = out
