@@ -96,10 +96,6 @@ def option(default: Any, help: str, rule: Rule | None = None, *, key: bool = Tru
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def choices(annotation: Any) -> tuple | None:
     """The values of a ``Literal[...]`` annotation, else None."""
     return typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else None
@@ -130,7 +126,7 @@ def keys(cls: type, prefix: str = "") -> dict[str, Key]:
     """Every key of section ``cls`` and of its nested sections, by dotted path (the nested
     sections themselves are not keys)."""
     out: dict[str, Key] = {}
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         if not field.metadata.get("key", True):
             continue
@@ -169,13 +165,12 @@ class Section:
         for name, key in keys(type(self)).items():
             if "." in name:
                 continue  # a nested section checks its own keys
-            value = getattr(self, name)
+            value, label = getattr(self, name), ".".join(filter(None, (self.SECTION, name)))
             if key.choices is not None and value not in key.choices:
-                raise ValueError(f"unknown {self.SECTION}.{name} {value!r}; expected one of "
-                                 f"{key.choices}")
+                raise ValueError(f"unknown {label} {value!r}; expected one of {key.choices}")
             problem = key.problem(value)
             if problem is not None:
-                raise ValueError(f"{self.SECTION}.{name} must be {problem}, got {value!r}")
+                raise ValueError(f"{label} must be {problem}, got {value!r}")
 
     @classmethod
     def from_mapping(cls: type[T], values: Mapping[str, Any]) -> T:

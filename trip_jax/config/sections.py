@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Literal
+from typing import Any, Literal
 
 from trip_jax import schema
 from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_INT, REGEX, Rule,
@@ -312,7 +312,7 @@ class Config(Section):
                                  "with", Rule(lambda v: v == CONFIG_VERSION, str(CONFIG_VERSION)))
 
 
-def choices_of(literal) -> tuple[str, ...]:
+def choices_of(literal: Any) -> tuple[str, ...]:
     """The values of one of the Literal types above, e.g. ``choices_of(Optimizer)``."""
     return typing.get_args(literal)
 
