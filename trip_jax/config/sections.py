@@ -128,7 +128,8 @@ class TieredConfig(Section):
     """
 
     SECTION = "model.tiered"
-    max_sentences: int = option(7, "S (data.max_sentences)", POSITIVE_INT, key=False)
+    max_sentences: int = option(DataConfig.max_sentences, "S (data.max_sentences)", POSITIVE_INT,
+                                key=False)
     num_classes: tuple[int, ...] = option(schema.NUM_CLASSES, "classes per attribute",
                                           key=False)
     head_dropout: float = option(0.1, "dropout before the state heads", DROPOUT)
