@@ -156,8 +156,9 @@ def config_dict(cls: type) -> ml_collections.ConfigDict:
 
 
 class Section:
-    """Base of the section dataclasses: construction checks every key against its declaration
-    (ValueError naming the key, its value and what is allowed)."""
+    """Base of the section dataclasses: construction checks every key holding a Python value
+    against its declaration (ValueError naming the key, its value and what is allowed); other
+    values (e.g. traced loss weights under ``jax.grad``) are the caller's."""
 
     SECTION = ""  # the section's dotted path in the config, for messages
 
@@ -166,6 +167,8 @@ class Section:
             if "." in name:
                 continue  # a nested section checks its own keys
             value, label = getattr(self, name), ".".join(filter(None, (self.SECTION, name)))
+            if not isinstance(value, (bool, int, float, str)):
+                continue
             if key.choices is not None and value not in key.choices:
                 raise ValueError(f"unknown {label} {value!r}; expected one of {key.choices}")
             problem = key.problem(value)
