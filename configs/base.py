@@ -18,8 +18,8 @@ preset and at most one loss preset, in any order: ``--config=configs/roberta.py:
   masked out of the detector and the losses, entities bucketed per batch, the tokenizer's
   segment type ids, optax AdamW, no cut, heads and detector on real cells only and rows with
   equal tokens encoded once: the same outputs, fewer dropout draws). The paper configs
-  (roberta, bert, deberta) default to ``exact``, minilm and tiny to ``clean``. ``docs/exact-mode.md`` lists every key and its
-  measured effect; each key can also be set alone.
+  (roberta, bert, deberta) default to ``exact``, minilm and tiny to ``clean``.
+  ``docs/exact-mode.md`` lists every key and its measured effect; each key can also be set alone.
 - Model preset (``PRESETS``): ``reference`` (the paper's model, trained and decoded as the
   paper did; the default of roberta, bert, deberta and tiny) or ``coherent`` (the improvements of
   this project, for any encoder; the default of minilm): every key it sets is listed in

@@ -12,8 +12,8 @@ A workdir holds:
 
 ``meta`` (JSON) holds the step, epoch, selection metrics, protocol, the config and the encoder
 config, so every checkpoint directory is self-describing; a config saved by an older version is
-read through ``trip_jax.config.migrate``. Best checkpoints are ranked by the
-tuple of ``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
+read through ``trip_jax.config.migrate``. Best checkpoints are ranked by the tuple of
+``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
 Orbax writes each step to a temporary directory and renames it when complete (on ``gs://``: writes
 ``commit_success.txt`` last), and lists only completed steps, so a run killed while saving leaves
 the previous checkpoints intact and readers never see a step still being written.
