@@ -8,7 +8,8 @@ import ml_collections
 import pytest
 from absl import flags
 
-from trip_jax import cli, config_rules, main
+from trip_jax import cli, main
+from trip_jax.config import checks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASE = ["trip_jax.main", "--config=configs/tiny.py", "--workdir=/nonexistent/run"]
@@ -98,7 +99,7 @@ def test_every_key_with_a_rule_exists_in_the_base_config():
     from configs import base
 
     keys = cli.config_values(base.get_config())
-    assert not [k for k in config_rules.RANGES if k not in keys]
+    assert not [k for k in checks.RANGES if k not in keys]
     assert not [k for k in main.CONFIG_CHOICES if k not in keys]
 
 
@@ -110,7 +111,7 @@ def mesh_config(data, fsdp, batch_size):
 @pytest.mark.parametrize("data, fsdp, batch_size, devices", [
     (-1, 1, 8, 4), (2, 2, 4, 4), (1, -1, 12, 4), (-1, 1, 3, 1)])
 def test_devices_that_fit(data, fsdp, batch_size, devices):
-    config_rules.check_devices(mesh_config(data, fsdp, batch_size), devices)
+    main.check_devices(mesh_config(data, fsdp, batch_size), devices)
 
 
 @pytest.mark.parametrize("data, fsdp, batch_size, devices, expected", [
@@ -122,7 +123,7 @@ def test_devices_that_fit(data, fsdp, batch_size, devices):
 ])
 def test_devices_that_do_not_fit(data, fsdp, batch_size, devices, expected):
     with pytest.raises(cli.UsageError, match="^bad value for --config") as error:
-        config_rules.check_devices(mesh_config(data, fsdp, batch_size), devices)
+        main.check_devices(mesh_config(data, fsdp, batch_size), devices)
     assert expected in str(error.value)
 
 

@@ -16,13 +16,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # A module may import modules of its own floor or lower ones. "data" and "models" stand for
 # their whole sub-packages.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("schema", "config_fields", "runtime", "distributed", "paths", "cli", "selection",
+    ("schema", "config", "runtime", "distributed", "paths", "cli", "selection",
      "checksums", "workdir_lock"),
     ("batch_contract",),
     ("data", "models", "metrics", "decoding", "losses", "optimizers", "explain", "reports",
      "sharding", "prediction_formats", "curated"),
     ("builders", "protocol", "checkpoints", "metric_log", "random_baseline", "run_summary",
-     "prediction_matching", "config_rules"),
+     "prediction_matching"),
     ("input_pipeline",),
     ("evaluate",),
     ("train", "predict"),

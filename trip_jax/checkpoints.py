@@ -11,8 +11,9 @@ A workdir holds:
   checkpoints/best_accuracy/STEP/        params + meta: best selection accuracy
 
 ``meta`` (JSON) holds the step, epoch, selection metrics, protocol, the config and the encoder
-config, so every checkpoint directory is self-describing. Best checkpoints are ranked by the
-tuple of ``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
+config, so every checkpoint directory is self-describing; a config saved by an older version is
+read through ``trip_jax.config.migrate``. Best checkpoints are ranked by the tuple of
+``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
 Orbax writes each step to a temporary directory and renames it when complete (on ``gs://``: writes
 ``commit_success.txt`` last), and lists only completed steps, so a run killed while saving leaves
 the previous checkpoints intact and readers never see a step still being written.
@@ -39,8 +40,8 @@ from absl import logging
 from etils import epath
 
 from trip_jax import builders, checksums, paths, sharding
+from trip_jax.config import migrate
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
-from trip_jax.models.tiered import TieredConfig
 
 LATEST = "latest"
 BEST_VERIFIABILITY = "best_verifiability"
@@ -78,36 +79,35 @@ def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return json.loads(config.to_json())
 
 
+def saved_config(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """A saved config (``meta["config"]`` of a checkpoint in ``where``) brought to the current
+    schema (``trip_jax.config.migrate``); CheckpointError when no version reads it."""
+    try:
+        return migrate.migrate(values, f"the config of {where}")
+    except migrate.ConfigError as err:
+        raise CheckpointError(str(err)) from None
+
+
 def _model_part(config: dict[str, Any]) -> dict[str, Any]:
     """The keys that decide the parameters' shapes and meaning."""
-    return {"model": config.get("model"),
-            "max_sentences": config.get("data", {}).get("max_sentences")}
+    return {"model": config["model"], "max_sentences": config["data"]["max_sentences"]}
 
 
-def _added_later_defaults() -> dict[str, Any]:
-    """Model keys whose absence from a saved config means their default: options added after
-    a checkpoint was written behave as the reference, which is their default."""
-    return {"model": {"tiered": dataclasses.asdict(TieredConfig())}}
-
-
-def _differences(saved: Any, current: Any, prefix: str = "", defaults: Any = None) -> list[str]:
+def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(current, dict):
-        defaults = defaults if isinstance(defaults, dict) else {}
         out = []
         for key in sorted(set(saved) | set(current)):
-            if key not in saved and key in defaults and current[key] == defaults[key]:
-                continue
-            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.",
-                                defaults.get(key))
+            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.")
         return out
     return [] if saved == current else [f"{prefix[:-1]}: saved {saved!r}, now {current!r}"]
 
 
-def check_compatible(saved_config: dict[str, Any], config: ml_collections.ConfigDict,
+def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict,
                      where: str) -> None:
-    """Raises CheckpointError when ``config`` describes another model than ``saved_config``."""
-    diffs = _differences(_model_part(saved_config), _model_part(config_to_dict(config)),
-                         defaults=_added_later_defaults())
+    """Raises CheckpointError when ``config`` describes another model than ``saved`` (a saved
+    config, migrated to the current schema first)."""
+    diffs = _differences(_model_part(saved_config(saved, where)),
+                         _model_part(config_to_dict(config)))
     if diffs:
         raise CheckpointError(
             f"the checkpoint in {where} was trained with a different model config:\n  "
@@ -405,7 +405,7 @@ def restore_for_eval(workdir: str, which: str | int = BEST_VERIFIABILITY, *,
         verify_meta(meta, where)
         if config is not None:
             check_compatible(meta["config"], config, where)
-        saved = ml_collections.ConfigDict(meta["config"])
+        saved = ml_collections.ConfigDict(saved_config(meta["config"], where))
         hf_config = builders.encoder_config_from_dict(meta["encoder_config"])
         model = builders.build_model(saved, hf_config)
         mesh = mesh or _eval_mesh(saved.mesh.fsdp)

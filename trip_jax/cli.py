@@ -5,7 +5,7 @@ usage hint (unknown flag, bad value), a Python traceback (misspelt config key, a
 that raises), or nothing until the config is first used (a config file that does not exist).
 ``flags_parser(...)`` returns a parser for ``absl.app.run(main, flags_parser=...)`` that parses
 the flags, loads the config, checks the choice-valued config keys and, with ``config_check``
-(main's is ``trip_jax.config_rules``), the value ranges, and turns any of those failures into
+(main's is ``trip_jax.config.checks``), the value ranges, and turns any of those failures into
 one line on stderr naming the key and its closest valid spelling or its allowed values:
 
     error: unknown config key --config.train.learnin_rate; did you mean --config.train.learning_rate?

@@ -63,9 +63,9 @@ from typing import Any
 import numpy as np
 
 from trip_jax import schema
-from trip_jax.config_fields import dataclass_from_mapping
+from trip_jax.config.sections import DecodingConfig, DecodingMethod, choices_of
 
-DECODINGS: tuple[str, ...] = ("reference", "coherent")
+DECODINGS: tuple[str, ...] = choices_of(DecodingMethod)  # decoding.method
 # The outputs decoding reads beyond the reference predictions (the eval step returns them).
 LOGIT_KEYS: tuple[str, ...] = ("pre_logits", "eff_logits", "conflict_logits")
 # int [N, 2, E]: each entity's alias group (``alias_groups``), added by the evaluator; read by
@@ -78,36 +78,6 @@ BINARY_ATTRIBUTES: np.ndarray = np.asarray(
      if name not in schema.LOCATION_ATTRIBUTES and schema.NUM_CLASSES[a] == 3])
 # Contradiction directions: (effect class at i, precondition class at j).
 DIRECTIONS: tuple[tuple[int, int], ...] = ((FALSE, TRUE), (TRUE, FALSE))
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodingConfig:
-    """How predictions are read from the model's outputs (``config.decoding``)."""
-
-    method: str = "reference"      # "reference" | "coherent" (module docstring)
-    conflict_weight: float = 0.0   # coherent: weight of the detector's log-beliefs
-    persistence: bool = True       # coherent: no effect in between may undo the evidence
-    state_threshold: float = 0.0   # coherent: a state needs this probability (0: the argmax)
-    alias_states: bool = False     # coherent: an object named twice has its states once
-    conflict_state_threshold: float = 0.0  # coherent: the explanation's states need this
-
-    def __post_init__(self):
-        if self.method not in DECODINGS:
-            raise ValueError(f"unknown decoding {self.method!r}; expected one of {DECODINGS}")
-        if self.conflict_weight < 0:
-            raise ValueError(f"decoding.conflict_weight must be >= 0, got {self.conflict_weight}")
-        for key in ("state_threshold", "conflict_state_threshold"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ValueError(f"decoding.{key} must be in [0, 1), got {getattr(self, key)}")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> "DecodingConfig":
-        """From ``config.decoding`` (None: the reference decoding); a misspelt key is a
-        KeyError."""
-        if values is None:
-            return cls()
-        # A key the config lacks (a run saved before the option existed) keeps its default.
-        return dataclass_from_mapping(cls, values)
 
 
 @dataclasses.dataclass(frozen=True)

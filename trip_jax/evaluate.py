@@ -208,7 +208,7 @@ class Evaluator:
         if splits is not None:
             layout = layout.for_splits(splits)
         kwargs.setdefault("decoding_config", decoding.DecodingConfig.from_mapping(
-            config.get("decoding")))
+            config.decoding))
         return cls(checkpoint_eval_step(restored), pairs,
                    input_pipeline.encode(pairs, restored.tokenizer, layout), layout,
                    config.train.eval_batch_size, restored.mesh, **kwargs)

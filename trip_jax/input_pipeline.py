@@ -92,12 +92,11 @@ class Layout:
                    seq_len=data_config.seq_len or None,
                    short_seq_len=data_config.short_seq_len or None,
                    buckets=Buckets(**data_config.buckets),
-                   # .get: configs saved before these keys existed had the "clean" values.
-                   token_types=data_config.get("token_types", "segments"),
-                   entity_padding=data_config.get("entity_padding", "bucket"),
-                   pack_length=data_config.get("pack_length", batching.DEFAULT_PACK_LENGTH),
-                   max_shapes=data_config.get("max_shapes", batching.DEFAULT_MAX_SHAPES),
-                   dedup_rows=data_config.get("dedup_rows", False))
+                   token_types=data_config.token_types,
+                   entity_padding=data_config.entity_padding,
+                   pack_length=data_config.pack_length,
+                   max_shapes=data_config.max_shapes,
+                   dedup_rows=data_config.dedup_rows)
 
     def for_splits(self, splits: protocol.ProtocolSplits) -> "Layout":
         """This layout with E fixed to the largest entity count of the protocol's three splits

@@ -15,36 +15,13 @@ count (``data.entity_padding = "data_max"``): the denominators count E x S cells
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from trip_jax.config_fields import dataclass_from_mapping
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """Loss weights (λp, λf, λc, λs) and the padding switch; defaults = the paper's best.
-
-    ``conflict_positive_weight`` multiplies the BCE of positive conflict labels (1.0: the
-    reference, unweighted); > 1 counters the ~10% positive rate that keeps a detector trained on
-    few pairs below the 0.5 belief threshold.
-    """
-
-    pre_weight: float = 0.4
-    eff_weight: float = 0.4
-    conflict_weight: float = 0.2
-    story_weight: float = 0.0
-    mask_padding_in_losses: bool = True
-    conflict_positive_weight: float = 1.0
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "LossConfig":
-        """Builds a config from a dict or ConfigDict; an unknown key is an error."""
-        return dataclass_from_mapping(cls, values)
+from trip_jax.config.sections import LossConfig
 
 
 # The four loss configurations of the paper's Table 2, as (λp, λf, λc, λs); the weights are the

@@ -14,12 +14,13 @@ first (``trip_jax.distributed``). Other modes, on a trained workdir:
   seeds and writes ``DIR/eval/random_baseline.SPLIT.*`` (``trip_jax.random_baseline``).
 
 A bad command line (unknown flag or config key, a value of the wrong type, outside its choices
-or its range (``trip_jax.config_rules``), mesh sizes or a batch size that do not fit the devices,
-a config file that does not load) is one ``error: ...`` line naming the key and what is allowed,
-with exit status 2, before any work starts (``trip_jax.cli``). A missing, unreadable or
-mismatched checkpoint (one whose arrays differ from their saved checksums included), missing data
-or spaCy model, or unusable input ends the run with a one-line ``error: ...`` message and exit
-status 1; a workdir held by another training run, with exit status 2.
+or its range (``trip_jax.config.checks``, read off the schema ``trip_jax.config.sections``),
+mesh sizes or a batch size that do not fit the devices, a config file that does not load) is
+one ``error: ...`` line naming the key and what is allowed, with exit status 2, before any work
+starts (``trip_jax.cli``). A missing, unreadable or mismatched checkpoint (one whose arrays differ
+from their saved checksums included), an old config it cannot read, missing data or spaCy
+model, or unusable input ends the run with a one-line ``error: ...`` message and exit status 1;
+a workdir held by another training run, with exit status 2.
 
 The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it)
 and ``--show_config`` prints it to stdout. ``--mode=predict`` logs warnings and errors only (an
@@ -39,13 +40,12 @@ from absl import app, flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from trip_jax import (builders, checkpoints, cli, config_rules, decoding, distributed, evaluate,
-                      input_pipeline, optimizers, predict, protocol, random_baseline, runtime,
-                      selection, train, workdir_lock)
-from trip_jax.data import features, readers
+from trip_jax import (checkpoints, cli, distributed, evaluate, input_pipeline, predict,
+                      random_baseline, runtime, sharding, train, workdir_lock)
+from trip_jax.config import checks
+from trip_jax.data import readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
-from trip_jax.models import encoders, tiered
 
 FLAGS = flags.FLAGS
 
@@ -114,26 +114,9 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
 
 
-# Config keys with a fixed set of values, checked when the flags are parsed.
-CONFIG_CHOICES: dict[str, tuple] = {
-    "data.format": ("", *readers.FORMATS),
-    "data.protocol": protocol.PROTOCOLS,
-    "data.layout": features.LAYOUTS,
-    "model.dtype": tuple(builders.DTYPES),
-    "model.tiered.story_score": tiered.STORY_SCORES,
-    "model.tiered.padding_rows": tiered.PADDING_ROWS,
-    "model.tiered.padding_row_attention": tiered.PADDING_ROW_ATTENTION,
-    "model.tiered.cells": tiered.CELLS,
-    "model.tiered.detector_activation": tiered.ACTIVATIONS,
-    "model.random_encoder.model_type": encoders.SUPPORTED_MODEL_TYPES,
-    "data.token_types": features.TOKEN_TYPES,
-    "data.entity_padding": input_pipeline.ENTITY_PADDINGS,
-    "train.optimizer": optimizers.OPTIMIZERS,
-    "train.schedule": train.SCHEDULES,
-    "train.prng_impl": runtime.PRNG_IMPLS,
-    "train.selection": selection.SELECTIONS,
-    "decoding.method": decoding.DECODINGS,
-}
+# Config keys with a fixed set of values (their Literal in trip_jax/config/sections.py), checked
+# when the flags are parsed.
+CONFIG_CHOICES: dict[str, tuple] = checks.CHOICES
 # Every split name some protocol has (which ones a run has depends on its protocol).
 SPLIT_NAMES = (*readers.SPLITS, "dev_holdout")
 
@@ -153,7 +136,26 @@ def check_flags(values: flags.FlagValues) -> None:
 def flags_parser(values: flags.FlagValues = FLAGS):
     """The ``absl.app.run`` flags parser of ``values``: every check above, one line, exit 2."""
     return cli.flags_parser(values, config_choices=CONFIG_CHOICES,
-                            config_check=config_rules.check_config, check=check_flags)
+                            config_check=checks.check_config, check=check_flags)
+
+
+def check_devices(config, device_count: int) -> None:
+    """``cli.UsageError`` when the mesh sizes do not fit ``device_count`` devices, or when
+    ``train.batch_size`` does not split over them (every device gets its own pairs)."""
+    try:
+        data, fsdp = sharding.mesh_shape(config.mesh, device_count)
+    except ValueError:
+        raise cli.UsageError(
+            f"bad value for --config.mesh.data, --config.mesh.fsdp: data={config.mesh.data}, "
+            f"fsdp={config.mesh.fsdp} (allowed: sizes whose product is the {device_count} "
+            f"device{'s' if device_count != 1 else ''}; one of them -1 takes what the other "
+            "leaves)") from None
+    shards = data * fsdp  # sharding.BATCH_AXES: the batch is split over both axes
+    if config.train.batch_size % shards:
+        raise cli.UsageError(checks.bad_value(
+            "train.batch_size", config.train.batch_size,
+            f"a multiple of {shards}, the devices the batch is split over: mesh data={data} x "
+            f"fsdp={fsdp}"))
 
 
 define_flags()
@@ -211,7 +213,7 @@ def main(argv) -> None:
     with _start_up():
         distributed.initialize_distributed()
         if FLAGS.mode == "train":  # the other modes use the mesh their checkpoint was saved with
-            config_rules.check_devices(FLAGS.config, jax.device_count())
+            check_devices(FLAGS.config, jax.device_count())
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
                  jax.process_count(), jax.local_devices())
     if FLAGS.mode == "train":

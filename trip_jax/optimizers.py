@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS: tuple[str, ...] = ("adamw", "hf_adamw")
+from trip_jax.config.sections import Optimizer, choices_of
+
+OPTIMIZERS: tuple[str, ...] = choices_of(Optimizer)  # train.optimizer
 # torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing.
 TORCH_CLIP_EPS = 1e-6
 

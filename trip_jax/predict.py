@@ -233,7 +233,7 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
         else:
             keep.append(x)
     predictions = None
-    decoding_config = decoding.DecodingConfig.from_mapping(config.get("decoding"))
+    decoding_config = decoding.DecodingConfig.from_mapping(config.decoding)
     if keep:
         evaluator = evaluate.Evaluator(
             evaluate.checkpoint_eval_step(restored), [pairs[x] for x in keep],

@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trip_jax.config.sections import Protocol, choices_of
 from trip_jax.data import readers
 from trip_jax.data.types import StoryPair
 
 logger = logging.getLogger(__name__)
 
-PROTOCOLS: tuple[str, ...] = ("standard", "dev_train", "auto")
+PROTOCOLS: tuple[str, ...] = choices_of(Protocol)  # data.protocol
 
 
 @dataclasses.dataclass(frozen=True)

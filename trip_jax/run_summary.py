@@ -27,6 +27,7 @@ from typing import Any
 from etils import epath
 
 from trip_jax import curated, paths
+from trip_jax.config import migrate
 from trip_jax.data import readers
 from trip_jax.metrics import TIER_METRICS
 
@@ -46,7 +47,9 @@ def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, 
     report = json.loads(report_path.read_text())
     scores = report["metrics"]
     log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-    config = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
+    config_path = run / "config.json"
+    seed = (migrate.migrate(json.loads(config_path.read_text()), str(config_path))["train"]["seed"]
+            if config_path.exists() else None)
     methods = sorted({k.split("/")[0] for k in scores if k.endswith("/accuracy")}) or [
         scores.get("decoding", "reference")]
     test = {m: {t: scores.get(f"{m}/{t}", scores[t]) for t in TIER_METRICS} for m in methods}
@@ -54,7 +57,7 @@ def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, 
     held_out = next((r for r in log if r["step"] == step and "verifiability" in r
                      and r["split"] != "test"), {})
     return {
-        "run": run.name, "seed": config.get("train", {}).get("seed"),
+        "run": run.name, "seed": seed,
         "decoding": scores.get("decoding", "reference"), "step": step,
         "epoch": report.get("epoch"),
         "test": test, **{k: scores[k] for k in STATE_F1},

@@ -9,9 +9,11 @@ import os
 import jax
 from absl import logging
 
+from trip_jax.config.sections import PrngImpl, choices_of
+
 # jax_default_prng_impl values. "threefry2x32" is JAX's default; "rbg" draws dropout masks
 # faster (about 9% of a MiniLM train step on CPU) but gives other masks than threefry.
-PRNG_IMPLS: tuple[str, ...] = ("threefry2x32", "rbg", "unsafe_rbg")
+PRNG_IMPLS: tuple[str, ...] = choices_of(PrngImpl)  # train.prng_impl
 
 
 def set_prng_impl(name: str) -> None:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-SELECTIONS: tuple[str, ...] = ("verifiability", "smoothed")
+from trip_jax.config.sections import Selection, choices_of
+
+SELECTIONS: tuple[str, ...] = choices_of(Selection)  # train.selection
 # consistency + verifiability lies in [0, 2]: a partial window's score falls below every full one.
 PARTIAL_WINDOW_PENALTY = 2.0
 

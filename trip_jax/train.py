@@ -83,7 +83,7 @@ def make_optimizer(train_config, total_steps: int
     schedule = learning_rate_schedule(train_config, total_steps)
 
     # train.optimizer: "adamw" (optax) or "hf_adamw" (transformers.AdamW, the reference's).
-    name = train_config.get("optimizer", "adamw")
+    name = train_config.optimizer
 
     def adamw(rate):
         return optimizers.adamw(name, rate, b1=train_config.adam_b1, b2=train_config.adam_b2,

@@ -8,8 +8,7 @@ rows) and returns its outputs (``trip_jax.batch_contract``); every architecture 
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,8 @@ import numpy as np
 from flax import linen as nn
 
 from trip_jax import batch_contract, schema
-from trip_jax.config_fields import dataclass_from_mapping
+from trip_jax.config.sections import (Activation, Cells, PaddingRowAttention, PaddingRows,
+                                      StoryScore, TieredConfig, choices_of)
 from trip_jax.models.bert import BertEncoder
 from trip_jax.models.encoders import build_encoder
 
@@ -26,116 +26,15 @@ from trip_jax.models.encoders import build_encoder
 NEG_LOGIT = -1e9
 
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
-ACTIVATIONS: tuple[str, ...] = tuple(sorted(_ACTIVATIONS))  # model.tiered.detector_activation
-STORY_SCORES = ("sum", "max")
-PADDING_ROWS = ("zero", "encoded")
-PADDING_ROW_ATTENTION = ("legacy", "masked")
+# The values of the choice keys of ``model.tiered`` (declared in trip_jax/config/sections.py).
+ACTIVATIONS: tuple[str, ...] = choices_of(Activation)
+STORY_SCORES: tuple[str, ...] = choices_of(StoryScore)
+PADDING_ROWS: tuple[str, ...] = choices_of(PaddingRows)
+PADDING_ROW_ATTENTION: tuple[str, ...] = choices_of(PaddingRowAttention)
 # Where the state heads and the detector run: every (B, 2, E, S) cell, or the real ones only.
-CELLS = ("grid", "real")
+CELLS: tuple[str, ...] = choices_of(Cells)
 # The additive bias of masked keys in transformers 4.x before 4.21 (the reference ran 4.11).
 LEGACY_MASK_BIAS = -10000.0
-
-
-@dataclasses.dataclass(frozen=True)
-class TieredConfig:
-    """Architecture of the tiered model; defaults are the reference's (docs/reference.md, "Model").
-
-    The detector width d_model is ``embedding_projection + state_projection`` (256 + 256 = 512).
-    ``detector_padding_mask`` masks padded sentences as attention keys and zeroes their detector
-    outputs before the flatten; False reproduces the reference, which masked nothing.
-    ``story_score`` "sum" is the reference (−Σ beliefs / 2 over the story's entities and
-    sentences); "max" scores a story by its strongest belief (−max), so that a story with more
-    entity-sentence cells is not penalised for its count of small base-rate beliefs.
-    ``state_transitions`` (not the reference) adds explicit evidence of state conflicts to the
-    detector input: per sentence and binary attribute, the strongest probability that an effect
-    of an earlier sentence contradicts this sentence's precondition, and that this sentence's
-    effect contradicts a later precondition (``transition_features``), projected to
-    ``state_projection`` and added to the projected state logits (gradient-free, like them), and
-    mapped by a Dense(1) straight onto the conflict logit of the same cell. That Dense starts
-    with every weight at ``transitions_init_weight`` (a sure contradiction adds 2 to the logit
-    of its two sentences): a lecun-normal start at ~±0.2 needs thousands of steps at a head
-    learning rate to become decisive, more than a few hundred training pairs give.
-
-    ``padding_rows`` says what the (story, entity, sentence) cells without a real row feed to
-    the state heads and the detector. "zero": a zero vector (clean, layout-independent).
-    "encoded": what the reference fed them, the encoder's output (position 0) on a row of
-    ``padding_row_length`` token ids 0 with an all-zero attention mask and token types 0. Every
-    such cell has the same input, so the encoder runs on that one row once per call and its
-    vector is broadcast (with dropout on, one draw serves all cells of the step, where the
-    reference drew one per cell). ``padding_row_attention`` is how that fully masked row is
-    masked: "legacy" as the reference's transformers 4.11 did for BERT/RoBERTa (masked keys get
-    an additive -10000, which shifts every score of the row equally: it attends as if unmasked),
-    "masked" as the encoder masks any row (BERT/RoBERTa: uniform attention over the row's
-    tokens, today's transformers; DeBERTa: its own masking, the only choice for DeBERTa).
-
-    ``cells`` says where the state heads and the detector run. "grid": on every (B, 2, E, S)
-    cell and every (story, entity) track of the batch. "real": the heads on the encoder rows
-    only, plus one row holding the padding vector, and the detector on the tracks the batch's
-    ``track_index`` names (every track without it), plus one all-padding track; padding cells
-    and tracks take that extra row's and track's results. The outputs are the same arrays with the same numbers as
-    "grid" in deterministic mode (every padding cell has the same input, so it has the same
-    result); with dropout on, all padding cells share one dropout draw (and all padding tracks
-    one), where "grid" draws one per cell. Both build the same parameters.
-    """
-
-    max_sentences: int = 7
-    num_classes: tuple[int, ...] = schema.NUM_CLASSES
-    head_dropout: float = 0.1
-    embedding_projection: int = 256
-    state_projection: int = 256
-    projection_dropout: float = 0.1
-    detector_input_dropout: float = 0.1
-    detector_layers: int = 6
-    detector_heads: int = 8
-    detector_ff: int = 2048
-    detector_dropout: float = 0.1
-    detector_activation: str = "relu"
-    detector_norm_first: bool = False
-    detector_layer_norm_eps: float = 1e-5
-    detector_padding_mask: bool = True
-    conflict_dropout: float = 0.1
-    story_score: str = "sum"
-    state_transitions: bool = False
-    transitions_init_weight: float = 2.0
-    padding_rows: str = "zero"
-    padding_row_length: int = 16
-    padding_row_attention: str = "legacy"
-    cells: str = "grid"
-
-    def __post_init__(self):
-        object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
-        if self.detector_d_model % self.detector_heads:
-            raise ValueError(
-                f"detector width {self.detector_d_model} (embedding_projection + "
-                f"state_projection) must be divisible by detector_heads={self.detector_heads}")
-        for name, choices in (("detector_activation", ACTIVATIONS),
-                              ("story_score", STORY_SCORES), ("padding_rows", PADDING_ROWS),
-                              ("padding_row_attention", PADDING_ROW_ATTENTION),
-                              ("cells", CELLS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
-        if self.padding_row_length < 1:
-            raise ValueError(f"padding_row_length must be >= 1, got {self.padding_row_length}")
-
-    @property
-    def detector_d_model(self) -> int:
-        """Width of the conflict detector: the two projections side by side."""
-        return self.embedding_projection + self.state_projection
-
-    @property
-    def num_attributes(self) -> int:
-        """Number of attributes (20 for TRIP)."""
-        return len(self.num_classes)
-
-    @property
-    def max_classes(self) -> int:
-        """Width every head is padded to (9 for TRIP)."""
-        return max(self.num_classes)
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "TieredConfig":
-        """Builds a config from a dict or ConfigDict; an unknown key is an error."""
-        return dataclass_from_mapping(cls, values)
 
 
 def class_mask(num_classes: tuple[int, ...]) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""The config schema: sections (defaults, types, allowed values, help), checks, migration."""

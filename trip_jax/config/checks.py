@@ -1,0 +1,125 @@
+"""The command line's checks of a config, read off the schema (``trip_jax.config.sections``).
+
+``CHOICES`` (dotted key -> the values of its ``Literal``) and ``RANGES`` (dotted key -> the
+``Rule`` declared next to its field) are derived from the section dataclasses; ``CROSS_RULES``
+are the few rules between keys. ``check_config(config)`` raises ``cli.UsageError`` with one
+line naming the key, its value and what is allowed, for the first key that is missing from the
+config, not in the schema, outside its range or breaking a rule between keys:
+
+    bad value for --config.train.batch_size: -3 (allowed: >= 1)
+
+(``cli.check_config_choices`` reports the choice keys against ``CHOICES`` first; the checks
+that need the device count are ``trip_jax.main.check_devices``.) docs/reference.md
+("Allowed values") lists the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ml_collections
+
+from trip_jax import cli
+from trip_jax.config.fields import Rule
+from trip_jax.config.sections import KEYS
+
+CHOICES: dict[str, tuple] = {name: key.choices for name, key in KEYS.items() if key.choices}
+RANGES: dict[str, Rule] = {name: key.rule for name, key in KEYS.items() if key.rule}
+
+# A rule between keys: returns (the key to change, what it allows) when ``values`` (every key by
+# dotted path) breaks it, else None.
+CrossRule = Callable[[Mapping[str, Any]], tuple[str, str] | None]
+
+
+def _short_seq_len(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    short, seq_len = values["data.short_seq_len"], values["data.seq_len"]
+    if not short:
+        return None
+    if values["data.layout"] != "packed":
+        return "data.short_seq_len", "0 unless data.layout is 'packed'"
+    if seq_len and short >= seq_len:
+        return "data.short_seq_len", f"< data.seq_len ({seq_len}), or 0"
+    return None
+
+
+def _seq_len(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    if values["data.seq_len"] and values["data.layout"] == "packed_tokens":
+        return "data.seq_len", "0 with data.layout 'packed_tokens' (it packs data.pack_length)"
+    return None
+
+
+def _row_buckets(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    row_min, per_octave = values["data.buckets.row_min"], values["data.buckets.rows_per_octave"]
+    if row_min % per_octave:
+        return ("data.buckets.row_min",
+                f"a multiple of data.buckets.rows_per_octave ({per_octave})")
+    return None
+
+
+def _detector_heads(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    width = values["model.tiered.embedding_projection"] + values["model.tiered.state_projection"]
+    if width % values["model.tiered.detector_heads"]:
+        return ("model.tiered.detector_heads", f"a divisor of the detector width {width} "
+                "(embedding_projection + state_projection)")
+    return None
+
+
+def _random_encoder(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    if values["model.encoder"]:
+        return None  # a pretrained encoder: random_encoder is not used
+    if not values["model.tokenizer"]:
+        return ("model.tokenizer", "a tokenizer (e.g. 'word_level:bert') when model.encoder is "
+                "empty (a random encoder)")
+    width = values["model.random_encoder.hidden_size"]
+    if width % values["model.random_encoder.num_attention_heads"]:
+        return ("model.random_encoder.num_attention_heads",
+                f"a divisor of model.random_encoder.hidden_size ({width})")
+    return None
+
+
+def _mesh_axes(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    if values["mesh.data"] == -1 and values["mesh.fsdp"] == -1:
+        return "mesh.fsdp", "not -1 when mesh.data is -1 (one axis takes what the other leaves)"
+    return None
+
+
+CROSS_RULES: tuple[CrossRule, ...] = (
+    _short_seq_len, _seq_len, _row_buckets, _detector_heads, _random_encoder, _mesh_axes)
+
+
+def bad_value(key: str, value: Any, allowed: str) -> str:
+    """One line: ``bad value for --config.KEY: VALUE (allowed: ...)``."""
+    return f"bad value for --config.{key}: {value!r} (allowed: {allowed})"
+
+
+def check_keys(values: Mapping[str, Any]) -> None:
+    """UsageError for the first key of the schema that ``values`` (every key and section by
+    dotted path, ``cli.config_values``) lacks, or the first of its keys the schema lacks."""
+    sections = {name.rpartition(".")[0] for name in KEYS}
+    sections |= {s.rpartition(".")[0] for s in sections}
+    for key in KEYS:
+        if key not in values:
+            raise cli.UsageError(f"the config has no key {key} (configs/base.py builds every "
+                                 "key of trip_jax/config/sections.py)")
+    for key in values:
+        if key not in KEYS and key not in sections:
+            hint = cli.closest(key, KEYS)
+            raise cli.UsageError(f"unknown config key {key}"
+                                 + (f"; did you mean {hint}?" if hint else "")
+                                 + " (not in trip_jax/config/sections.py)")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """``cli.UsageError`` for the first key of ``config`` that is missing or unknown
+    (``check_keys``), outside its declared range or breaking a ``CROSS_RULES`` rule."""
+    values = cli.config_values(config)
+    check_keys(values)
+    for key, rule in RANGES.items():
+        if not rule.test(values[key]):
+            raise cli.UsageError(bad_value(key, values[key], rule.allowed))
+    for cross_rule in CROSS_RULES:
+        broken = cross_rule(values)
+        if broken is not None:
+            key, allowed = broken
+            raise cli.UsageError(bad_value(key, values[key], allowed))

