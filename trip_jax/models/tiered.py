@@ -290,21 +290,22 @@ class TieredModel(nn.Module):
         pre_logits, eff_logits = StateHeads(cfg, name="state_heads")(
             h, deterministic=deterministic)
 
-        # Conflict detector over the tracks: projected embedding ++ projected state logits.
+        # Conflict detector, per (story, entity) track: Dense(dropout(h)) next to
+        # Dense(dropout(s)), s the real state logits without gradient (+ transition evidence).
         drop = lambda y: nn.Dropout(cfg.projection_dropout)(y, deterministic=deterministic)
-        states = jax.lax.stop_gradient(real_state_logits(pre_logits, eff_logits,
+        logits = jax.lax.stop_gradient(real_state_logits(pre_logits, eff_logits,
                                                          cfg.num_classes))
-        states = cells.tracks(nn.Dense(cfg.state_projection, name="states_proj")(drop(states)))
+        projected = cells.tracks(nn.Dense(cfg.state_projection, name="states_proj")(drop(logits)))
         embedded = cells.tracks(nn.Dense(cfg.embedding_projection, name="embedding_proj")(
             drop(h)))
         if cfg.state_transitions:
             transitions = jax.lax.stop_gradient(transition_features(
                 cells.tracks(pre_logits), cells.tracks(eff_logits), cells.track_mask,
                 binary_attributes(cfg.num_classes)))
-            states = states + nn.Dense(cfg.state_projection, name="transitions_proj")(
+            projected = projected + nn.Dense(cfg.state_projection, name="transitions_proj")(
                 transitions)
         conflict_logits = ConflictDetector(cfg, name="detector")(
-            jnp.concatenate([embedded, states], axis=-1), cells.track_mask,
+            jnp.concatenate([embedded, projected], axis=-1), cells.track_mask,
             deterministic=deterministic)  # [T, S]
         if cfg.state_transitions:
             direct = nn.Dense(1, name="transitions_out", kernel_init=nn.initializers.constant(
