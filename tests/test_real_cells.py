@@ -19,6 +19,7 @@ import transformers
 from trip_jax.data import features, readers
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.losses import LossConfig, tiered_loss
+from trip_jax.models.cells import cell_view
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 
 S = 7
@@ -204,3 +205,35 @@ def test_track_index_lists_tracks_with_a_real_row():
         features.track_index(row_mask, num_tracks=2)
     assert features.track_index(np.zeros((1, 2, 2, 4), bool), 2).tolist() == [4, 4]
     assert features.track_index(np.zeros((1, 2, 2, 4), bool)).size == 0
+
+
+def test_cell_views_place_rows_and_padding_on_the_grid_and_tracks():
+    row_mask = np.zeros((1, 2, 2, 3), bool)   # B=1, E=2, S=3: 4 tracks, 12 cells
+    row_mask[0, 0, 0, :2] = True               # cells 0, 1 (track 0)
+    row_mask[0, 1, 1, 0] = True                # cell 9 (track 3)
+    # Three real rows, a dense-style row on a padding cell (2) and a padding row (12).
+    row_index = jnp.asarray([0, 1, 9, 2, 12], jnp.int32)
+    rows = jnp.arange(1.0, 6.0)[:, None] * jnp.ones((5, 2))
+    padding = jnp.asarray([-1.0, -2.0])
+    batch = {"row_mask": row_mask, "track_index": np.asarray([0, 3, 4], np.int32)}
+    grid = cell_view("grid", batch, row_index)
+    real = cell_view("real", batch, row_index)
+    expected = np.tile(np.asarray(padding), (12, 1))
+    expected[[0, 1, 9]] = [[1, 1], [2, 2], [3, 3]]
+    np.testing.assert_array_equal(grid.gather(rows, padding), expected)
+    h = real.gather(rows, padding)             # the rows, off-cell ones padded, + padding row
+    np.testing.assert_array_equal(h, [[1, 1], [2, 2], [3, 3], [-1, -2], [-1, -2], [-1, -2]])
+    np.testing.assert_array_equal(real.to_grid(h).reshape(12, 2), expected)
+    np.testing.assert_array_equal(grid.gather(rows, None),
+                                  expected * row_mask.reshape(12, 1))
+    # Tracks 0 and 3, track index 4 (past the end: dropped later), then the padding track.
+    np.testing.assert_array_equal(real.track_mask, [[1, 1, 0], [1, 0, 0], [1, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(real.tracks(h)[:2], expected.reshape(4, 3, 2)[[0, 3]])
+    np.testing.assert_array_equal(real.tracks(h)[-1], np.tile(padding, (3, 1)))
+    np.testing.assert_array_equal(grid.tracks(grid.gather(rows, padding)),
+                                  expected.reshape(4, 3, 2))
+    track_values = jnp.asarray([[1.0] * 3, [2.0] * 3, [7.0] * 3, [9.0] * 3])
+    np.testing.assert_array_equal(real.from_tracks(track_values).reshape(4, 3)[:, 0],
+                                  [1, 9, 9, 2])
+    with pytest.raises(ValueError, match="cells"):
+        cell_view("all", batch, row_index)

@@ -1,13 +1,10 @@
 """BERT and RoBERTa encoders in Flax linen, with Hugging Face Flax parameter names.
 
-The module tree mirrors ``FlaxBertModel`` / ``FlaxRobertaModel`` (embeddings/word_embeddings/
-embedding, encoder/layer/0/attention/self/query/kernel, .../LayerNorm/scale, ...) so that
-``flax_model.msgpack`` files load as they are and PyTorch checkpoints load by renaming
-(``trip_jax.models.weights``). There is no pooler: the tiered model reads position 0.
-
-Packed sequences: with ``segment_ids`` (``trip_jax.models.packing``) several rows share one
-sequence; attention is block-diagonal per row and positions restart at each row (RoBERTa's at
-pad_token_id + 1), so each row's hidden states equal those of the row encoded alone.
+``BertEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden
+states [N, T, H] (no pooler). Parameter paths mirror ``FlaxBertModel`` / ``FlaxRobertaModel``
+(embeddings/word_embeddings/embedding, encoder/layer/0/attention/self/query/kernel, ...), so
+checkpoints load through ``trip_jax.models.weights``. With ``segment_ids``
+(``trip_jax.models.packing``) each packed row's hidden states equal the row's encoded alone.
 """
 
 from __future__ import annotations
@@ -26,7 +23,8 @@ _PADDING_OFFSET_POSITIONS = ("roberta",)
 
 
 def position_ids(config, input_ids: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-    """Returns absolute position ids [N, T]: 0.. for BERT; RoBERTa counts from pad_id + 1, pads get pad_id.
+    """Returns absolute position ids [N, T]: 0.. for BERT; RoBERTa counts from pad_id + 1, pads
+    get pad_id.
 
     With ``segment_ids`` (packed rows) the count restarts at each row: the offset in the row for
     BERT, pad_id + 1 + offset for RoBERTa (whose padding tokens, segment 0, get pad_id).
@@ -53,10 +51,8 @@ def attention_bias(attention_mask: jax.Array, mask_bias: float | None = None,
     the keys of its own non-zero segment (``packing.segment_attention_mask``); the query rows of
     padding tokens are fully masked.
 
-    The default, the float32 minimum, is today's transformers: a fully masked row attends
-    uniformly to all its tokens. transformers 4.x before 4.21 (the TRIP reference ran 4.11)
-    added -10000.0 instead: every score of a fully masked row shifts by the same amount, so it
-    attends as if unmasked (its scores rounded to the float32 spacing near 10000, ~1e-3).
+    The default, the float32 minimum, is today's transformers' (a fully masked row attends
+    uniformly); -10000.0 is transformers 4.11's (docs/exact-mode.md, difference 1a).
     """
     if segment_ids is None:
         keep = attention_mask.astype(bool)[:, None, None, :]
@@ -70,7 +66,8 @@ def _check_config(config) -> None:
     """Refuses config options this encoder does not implement, instead of silently ignoring them."""
     kind = getattr(config, "position_embedding_type", None) or "absolute"
     if kind != "absolute":
-        raise NotImplementedError(f"position_embedding_type={kind!r} is not supported (only 'absolute')")
+        raise NotImplementedError(
+            f"position_embedding_type={kind!r} is not supported (only 'absolute')")
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         raise NotImplementedError("decoder / cross-attention BERT configs are not supported")
     if config.hidden_size % config.num_attention_heads:
@@ -90,7 +87,8 @@ def _embed(config, num: int, dtype, name: str) -> nn.Embed:
 
 
 def _layer_norm(config, dtype, name: str = "LayerNorm") -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=dtype, param_dtype=jnp.float32, name=name)
+    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=dtype, param_dtype=jnp.float32,
+                        name=name)
 
 
 class BertEmbeddings(nn.Module):
@@ -108,7 +106,8 @@ class BertEmbeddings(nn.Module):
         pad = getattr(cfg, "pad_token_id", None)
         if pad is not None:
             words = jnp.where((input_ids == pad)[..., None], jax.lax.stop_gradient(words), words)
-        types = _embed(cfg, cfg.type_vocab_size, self.dtype, "token_type_embeddings")(token_type_ids)
+        types = _embed(cfg, cfg.type_vocab_size, self.dtype,
+                       "token_type_embeddings")(token_type_ids)
         positions = _embed(cfg, cfg.max_position_embeddings, self.dtype, "position_embeddings")(
             position_ids(cfg, input_ids, segment_ids))
         x = _layer_norm(cfg, self.dtype)(words + types + positions)
@@ -214,7 +213,8 @@ class BertTransformer(nn.Module):
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
-        return BertLayerStack(self.config, self.dtype, self.remat, name="layer")(x, bias, deterministic)
+        return BertLayerStack(self.config, self.dtype, self.remat, name="layer")(
+            x, bias, deterministic)
 
 
 class BertEncoder(nn.Module):

@@ -1,20 +1,13 @@
 """DeBERTa (v1) and DeBERTa-v2/v3 encoders in Flax linen.
 
-One implementation covers both Hugging Face model types; the differences are switched by the
-config: ``model_type == "deberta"`` uses a fused ``in_proj`` with ``q_bias``/``v_bias`` and linear
-relative distances, ``"deberta-v2"`` uses separate query/key/value projections, optional
-log-bucketed distances (``position_buckets``), shared position projections (``share_att_key``),
-a LayerNorm on the relative embeddings (``norm_rel_ebd``) and an optional convolution after the
-first layer (``conv_kernel_size``). Submodules and parameters are named like the torch modules
-(``embeddings/word_embeddings/embedding``, ``encoder/layer/0/attention/self/in_proj/kernel``,
-``encoder/rel_embeddings/embedding`` ...) so Hugging Face checkpoints convert by renaming only.
-
-Packed sequences: with ``segment_ids`` (``trip_jax.models.packing``) several rows share one
-sequence; attention is block-diagonal per row and absolute positions (``position_biased_input``)
-restart at each row. Relative positions depend only on distances within a row, and the clamped
-span reads the same table rows at any sequence length, so each row's hidden states equal those
-of the row encoded alone. The v2 convolution (``conv_kernel_size > 0``) would reach across row
-ends, so such configs refuse ``segment_ids``.
+``DebertaEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden
+states [N, T, H]. ``config.model_type`` "deberta" (fused ``in_proj`` with ``q_bias``/``v_bias``,
+linear distances) or "deberta-v2" (separate projections, ``position_buckets``,
+``share_att_key``, ``norm_rel_ebd``, ``conv_kernel_size``) picks the variant. Parameter paths
+mirror the torch modules (``encoder/layer/0/attention/self/in_proj/kernel``, ...), so checkpoints
+convert by renaming (``trip_jax.models.weights``). With ``segment_ids``
+(``trip_jax.models.packing``) each packed row's hidden states equal the row's encoded alone
+(why: docs/reference.md, "Hand-written parts"); configs with ``conv_kernel_size > 0`` refuse them.
 """
 
 from __future__ import annotations
@@ -98,10 +91,9 @@ def relative_layout(config, seq_len: int) -> tuple[int, int, np.ndarray, np.ndar
     table are ever read, so they alone are projected; ``c2p_index[q, k]`` and
     ``p2c_index[k, q]`` index that slice (transformers' clamped indices, shifted by ``lo``).
 
-    The table row read for a distance d depends on d only, not on ``seq_len``: for v2 the span
-    is fixed; for v1 (span = min(seq_len, mrp)) it is row d + mrp, clamped at +-mrp, for any
-    seq_len at least as long as the row. So a row packed into a longer sequence reads the same
-    relative embeddings as the row alone.
+    Holds: the table row read for a distance d does not depend on ``seq_len`` (for any
+    ``seq_len`` at least as long as the row), so packed rows read the relative embeddings of the
+    row alone (docs/reference.md, "Hand-written parts").
     """
     rel = relative_positions(config, seq_len)
     if _is_v2(config):

@@ -1,9 +1,9 @@
 """The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
 
-Reference semantics: docs/reference.md, "Model"; the settings that reproduce the original
-step exactly: docs/exact-mode.md. The model reads the batch contract's arrays (packed or dense
-rows) and returns its outputs (``trip_jax.batch_contract``); every architecture number is a
-``TieredConfig`` field whose default is the reference value.
+``TieredModel(encoder, config)`` maps the batch contract's input arrays to its model outputs
+(``trip_jax.batch_contract``; shapes in ``TieredModel.__call__``). Every architecture number is
+a ``TieredConfig`` field whose default is the reference's. The steps and their formulas:
+docs/reference.md, "Model"; the exact mode: docs/exact-mode.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from flax import linen as nn
 from trip_jax import batch_contract, schema
 from trip_jax.config.sections import (Activation, Cells, PaddingRowAttention, PaddingRows,
                                       StoryScore, TieredConfig, choices_of)
-from trip_jax.models.bert import BertEncoder
+from trip_jax.models import exact_mode
+from trip_jax.models.cells import cell_view
 from trip_jax.models.encoders import build_encoder
 
 # Logit given to classes a head does not have: finite, so that 0 * log_softmax stays 0 (no NaN),
@@ -33,8 +34,6 @@ PADDING_ROWS: tuple[str, ...] = choices_of(PaddingRows)
 PADDING_ROW_ATTENTION: tuple[str, ...] = choices_of(PaddingRowAttention)
 # Where the state heads and the detector run: every (B, 2, E, S) cell, or the real ones only.
 CELLS: tuple[str, ...] = choices_of(Cells)
-# The additive bias of masked keys in transformers 4.x before 4.21 (the reference ran 4.11).
-LEGACY_MASK_BIAS = -10000.0
 
 
 def class_mask(num_classes: tuple[int, ...]) -> np.ndarray:
@@ -78,44 +77,6 @@ def transition_features(pre_logits: jax.Array, eff_logits: jax.Array, sentence_m
     as_breakpoint = contradiction.max(axis=1)  # over earlier t: [N, s, a]
     as_evidence = contradiction.max(axis=2)    # over later s: [N, t, a]
     return jnp.concatenate([as_breakpoint, as_evidence], axis=-1)
-
-
-def scatter_rows(row_values: jax.Array, row_index: jax.Array, row_shape: tuple[int, ...]
-                 ) -> jax.Array:
-    """Scatters per-encoder-row vectors [R, H] to a dense [*row_shape, H] grid.
-
-    ``row_index`` holds flat indices into ``row_shape``; padding rows point one past the end and
-    are dropped. Cells no row writes stay 0.
-    """
-    num_cells = int(np.prod(row_shape))
-    dense = jnp.zeros((num_cells, row_values.shape[-1]), row_values.dtype)
-    dense = dense.at[row_index].set(row_values, mode="drop")
-    return dense.reshape(*row_shape, row_values.shape[-1])
-
-
-def scatter_over_padding(values: jax.Array, index: jax.Array, size: int) -> jax.Array:
-    """Places ``values[:-1]`` at ``index`` in an array of ``size`` entries filled with
-    ``values[-1]`` (the padding entry's value); indices outside 0..size-1 are dropped.
-
-    ``values`` [N + 1, ...], ``index`` int [N]; returns [size, ...].
-    """
-    fill = jnp.broadcast_to(values[-1], (size, *values.shape[1:]))
-    return fill.at[index].set(values[:-1], mode="drop")
-
-
-def cells_to_tracks(cell_values: jax.Array, padding_value, track_index: jax.Array,
-                    num_sentences: int) -> jax.Array:
-    """Gathers the (story, entity) tracks ``track_index`` names and appends a padding track.
-
-    ``cell_values`` [B*2*E*S, ...] per cell; returns [K + 1, S, ...]: the K tracks (an index
-    past the last track gives the last track, for its result to be dropped), then S copies of
-    ``padding_value``.
-    """
-    tracks = cell_values.reshape(-1, num_sentences, *cell_values.shape[1:])
-    gathered = jnp.take(tracks, track_index, axis=0, mode="clip")
-    padding = jnp.broadcast_to(jnp.asarray(padding_value, cell_values.dtype),
-                               (1, num_sentences, *cell_values.shape[1:]))
-    return jnp.concatenate([gathered, padding])
 
 
 class _StateHead(nn.Module):
@@ -235,106 +196,53 @@ class TieredModel(nn.Module):
 
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
-        story_score [B,2], story_pred [B]. With ``config.cells == "real"`` the detector runs on
-        the batch's ``track_index`` (int32 [K], ``trip_jax.data.features.track_index``; the
-        packed_tokens layout has it), or on every track where the batch has none.
+        story_score [B,2], story_pred [B]. ValueError if S != ``config.max_sentences``.
         """
         cfg = self.config
-        row_mask = jnp.asarray(batch["row_mask"], bool)
-        grid = row_mask.shape  # (B, 2, E, S)
-        num_sentences = grid[-1]
+        num_sentences = np.shape(batch["row_mask"])[-1]
         if num_sentences != cfg.max_sentences:
             raise ValueError(f"batch has S={num_sentences} sentences but config.max_sentences="
                              f"{cfg.max_sentences}")
 
+        # Encoder rows -> the head inputs of the cells the heads run on.
         rows, row_index = self.row_embeddings(batch, deterministic)
-        if cfg.cells == "real":
-            # The encoder rows on real cells, then one row of the padding vector that every
-            # other cell (padding rows of the dense layout too) is given.
-            num_cells = int(np.prod(grid))
-            padding = (self.padding_row_embedding(deterministic)[None]
-                       if cfg.padding_rows == "encoded"
-                       else jnp.zeros((1, rows.shape[-1]), jnp.float32))
-            on_real_cell = (row_index < num_cells) & row_mask.reshape(-1)[
-                jnp.minimum(row_index, num_cells - 1)]
-            h_flat = jnp.concatenate([jnp.where(on_real_cell[:, None], rows, padding), padding])
-        else:
-            h = scatter_rows(rows, row_index, grid)
-            # Dense-layout padding rows hold pad-token embeddings: replace them (zero, or the
-            # reference's padding-row vector) so that both layouts feed identical values
-            # downstream.
-            if cfg.padding_rows == "encoded":
-                h = jnp.where(row_mask[..., None], h, self.padding_row_embedding(deterministic))
-            else:
-                h = h * row_mask[..., None]
-            h_flat = h.reshape(-1, h.shape[-1])
+        cells = cell_view(cfg.cells, batch, row_index)
+        padding = (self.padding_row_embedding(deterministic) if cfg.padding_rows == "encoded"
+                   else None)
+        h = cells.gather(rows, padding)
 
+        # State heads.
         pre_logits, eff_logits = StateHeads(cfg, name="state_heads")(
-            h_flat, deterministic=deterministic)
+            h, deterministic=deterministic)
 
-        # Detector input: projected embedding ++ projected (gradient-free) real state logits.
-        columns = real_logit_columns(cfg.num_classes)
-        states = jnp.concatenate([pre_logits.reshape(len(h_flat), -1)[:, columns],
-                                  eff_logits.reshape(len(h_flat), -1)[:, columns]], axis=-1)
-        states = jax.lax.stop_gradient(states)
+        # Conflict detector, per (story, entity) track: Dense(dropout(h)) next to
+        # Dense(dropout(s)), s the real state logits without gradient (+ transition evidence).
         drop = lambda y: nn.Dropout(cfg.projection_dropout)(y, deterministic=deterministic)
-        projected_states = nn.Dense(cfg.state_projection, name="states_proj")(drop(states))
-        embedded = nn.Dense(cfg.embedding_projection, name="embedding_proj")(drop(h_flat))
-
-        if cfg.cells == "real":
-            # Per-row values -> the grid (padding cells: the padding row's) -> the tracks the
-            # batch names, then one padding track.
-            # Batches of the row layouts name no tracks: then every track runs (same results).
-            track_index = (jnp.asarray(batch["track_index"], jnp.int32) if "track_index" in batch
-                           else jnp.arange(int(np.prod(grid[:-1])), dtype=jnp.int32))
-            to_grid = lambda values: scatter_over_padding(values, row_index, num_cells)
-            tracks_of = lambda grid_values, padding_value: cells_to_tracks(
-                grid_values, padding_value, track_index, num_sentences)
-            track_mask = tracks_of(row_mask.reshape(-1), False)
-            embedded = tracks_of(to_grid(embedded), embedded[-1])
-            projected_states = tracks_of(to_grid(projected_states), projected_states[-1])
-            row_pre, row_eff = pre_logits, eff_logits
-            pre_logits, eff_logits = to_grid(row_pre), to_grid(row_eff)
-            logit_tracks = lambda: (tracks_of(pre_logits, row_pre[-1]),
-                                    tracks_of(eff_logits, row_eff[-1]))
-        else:
-            track_mask = row_mask.reshape(-1, num_sentences)
-            logit_tracks = lambda: tuple(
-                logits.reshape(-1, num_sentences, *logits.shape[1:])
-                for logits in (pre_logits, eff_logits))
-        num_tracks = len(track_mask)
-        embedded = embedded.reshape(num_tracks * num_sentences, -1)
-        projected_states = projected_states.reshape(num_tracks * num_sentences, -1)
-
+        logits = jax.lax.stop_gradient(real_state_logits(pre_logits, eff_logits,
+                                                         cfg.num_classes))
+        projected = cells.tracks(nn.Dense(cfg.state_projection, name="states_proj")(drop(logits)))
+        embedded = cells.tracks(nn.Dense(cfg.embedding_projection, name="embedding_proj")(
+            drop(h)))
         if cfg.state_transitions:
-            transitions = transition_features(*logit_tracks(), track_mask,
-                                              binary_attributes(cfg.num_classes))
-            transitions = jax.lax.stop_gradient(transitions).reshape(len(embedded), -1)
-            projected_states = projected_states + nn.Dense(
-                cfg.state_projection, name="transitions_proj")(transitions)
-        features = jnp.concatenate([embedded, projected_states], axis=-1)
-
-        tracks = features.reshape(num_tracks, num_sentences, cfg.detector_d_model)
+            transitions = jax.lax.stop_gradient(transition_features(
+                cells.tracks(pre_logits), cells.tracks(eff_logits), cells.track_mask,
+                binary_attributes(cfg.num_classes)))
+            projected = projected + nn.Dense(cfg.state_projection, name="transitions_proj")(
+                transitions)
         conflict_logits = ConflictDetector(cfg, name="detector")(
-            tracks, track_mask, deterministic=deterministic)  # [tracks, S]
+            jnp.concatenate([embedded, projected], axis=-1), cells.track_mask,
+            deterministic=deterministic)  # [T, S]
         if cfg.state_transitions:
-            # A direct linear path as well: a contradiction raises the belief in its two
-            # sentences without having to pass through the detector's layers.
             direct = nn.Dense(1, name="transitions_out", kernel_init=nn.initializers.constant(
                 cfg.transitions_init_weight))
-            conflict_logits = conflict_logits + direct(transitions).reshape(conflict_logits.shape)
-        if cfg.cells == "real":
-            conflict_logits = scatter_over_padding(conflict_logits, track_index,
-                                                   num_cells // num_sentences)
-        conflict_logits = conflict_logits.reshape(grid)
-        conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
+            conflict_logits = conflict_logits + direct(transitions)[..., 0]
 
-        if cfg.story_score == "max":
-            story_score = -conflict_prob.max(axis=(2, 3))
-        else:
-            story_score = -conflict_prob.sum(axis=(2, 3)) / 2
-        row_shape = (*grid, cfg.num_attributes, cfg.max_classes)
-        pre_logits, eff_logits = pre_logits.reshape(row_shape), eff_logits.reshape(row_shape)
+        # Story choice, from the beliefs on the grid.
+        row_mask = cells.row_mask
+        pre_logits, eff_logits = cells.to_grid(pre_logits), cells.to_grid(eff_logits)
+        conflict_logits = cells.from_tracks(conflict_logits)
+        conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
+        story_score = story_scores(conflict_prob, cfg.story_score)
         return {
             "pre_logits": pre_logits,
             "eff_logits": eff_logits,
@@ -374,26 +282,31 @@ class TieredModel(nn.Module):
         return jnp.concatenate(first_tokens), jnp.concatenate(row_index)
 
     def padding_row_embedding(self, deterministic: bool = True) -> jax.Array:
-        """The reference's padding-row vector [H]: the encoder's position-0 output on one row of
-        ``padding_row_length`` token ids 0, attention mask 0 and token types 0 (masked as
-        ``padding_row_attention`` says)."""
+        """The reference's padding-row vector [H] under this config's ``padding_row_length`` and
+        ``padding_row_attention`` (``exact_mode.padding_row_vector``)."""
         cfg = self.config
-        zeros = jnp.zeros((1, cfg.padding_row_length), jnp.int32)
-        extra = {}
-        if cfg.padding_row_attention == "legacy":
-            if not isinstance(self.encoder, BertEncoder):
-                raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
-                                 "additive mask of BERT/RoBERTa; use 'masked' for "
-                                 f"{type(self.encoder).__name__}")
-            extra["mask_bias"] = LEGACY_MASK_BIAS
-        hidden = self.encoder(zeros, zeros, token_type_ids=zeros, deterministic=deterministic,
-                              **extra)
-        return hidden[0, 0, :].astype(jnp.float32)
+        return exact_mode.padding_row_vector(self.encoder, cfg.padding_row_length,
+                                             cfg.padding_row_attention, deterministic)
 
 
 def _masked_argmax(logits: jax.Array, row_mask: jax.Array) -> jax.Array:
     """Argmax over classes as int32, 0 on padded rows."""
     return jnp.argmax(logits, axis=-1).astype(jnp.int32) * row_mask[..., None]
+
+
+def real_state_logits(pre_logits: jax.Array, eff_logits: jax.Array,
+                      num_classes: tuple[int, ...]) -> jax.Array:
+    """[N, A, C] twice -> [N, 2 Σ_a n_a]: the real classes' logits, preconditions first."""
+    columns = real_logit_columns(num_classes)
+    return jnp.concatenate([pre_logits.reshape(len(pre_logits), -1)[:, columns],
+                            eff_logits.reshape(len(eff_logits), -1)[:, columns]], axis=-1)
+
+
+def story_scores(conflict_prob: jax.Array, how: str) -> jax.Array:
+    """[B, 2, E, S] beliefs -> [B, 2]: "sum" −Σ_{e,s} p / 2 (the reference), "max" −max p."""
+    if how == "max":
+        return -conflict_prob.max(axis=(2, 3))
+    return -conflict_prob.sum(axis=(2, 3)) / 2
 
 
 def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *,

@@ -52,7 +52,8 @@ _CONVERSION_HOOKS: dict[str, Callable[[Checkpoint], Checkpoint]] = {}
 
 @dataclasses.dataclass(frozen=True)
 class LoadReport:
-    """What a conversion did: parameters filled from the checkpoint, left missing, tensors unused."""
+    """What a conversion did: parameters filled from the checkpoint, left missing, tensors
+    unused."""
 
     loaded: tuple[str, ...]
     missing: tuple[str, ...]
@@ -69,9 +70,11 @@ _IGNORE_UNEXPECTED: dict[str, tuple[str, ...]] = {
 
 
 def register_conversion_hook(model_type: str, hook: Callable[[Checkpoint], Checkpoint]) -> None:
-    """Registers ``hook(checkpoint) -> checkpoint`` run on ``model_type`` checkpoints before renaming.
+    """Registers ``hook(checkpoint) -> checkpoint``, run on ``model_type`` checkpoints before
+    renaming.
 
-    Keys are path tuples as read from the file (a PyTorch ``a.b.weight`` is ``("a", "b", "weight")``).
+    Keys are path tuples as read from the file (a PyTorch ``a.b.weight`` is
+    ``("a", "b", "weight")``).
     Only for a family whose Flax names cannot mirror its PyTorch names.
     """
     _CONVERSION_HOOKS[model_type] = hook
@@ -116,8 +119,8 @@ def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None 
     name = str(name_or_path)
     if not _HUB_ID.match(name) or ".." in name:
         raise FileNotFoundError(
-            f"model directory {path} does not exist; pass a directory holding {CONFIG_FILE} and one "
-            f"of {', '.join(f for f, _ in WEIGHT_FILES)}")
+            f"model directory {path} does not exist; pass a directory holding {CONFIG_FILE} and "
+            f"one of {', '.join(f for f, _ in WEIGHT_FILES)}")
     return _download(name, cache_dir)
 
 
@@ -215,7 +218,8 @@ def _init_inputs():
 
 
 def expected_params(hf_config) -> dict[Path_, jax.ShapeDtypeStruct]:
-    """The flat parameter shapes of the encoder ``build_encoder(hf_config)``, without computing them."""
+    """The flat parameter shapes of the encoder ``build_encoder(hf_config)``, without computing
+    them."""
     module = build_encoder(hf_config)
     shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *_init_inputs()))
     return traverse_util.flatten_dict(shapes["params"])
@@ -279,7 +283,8 @@ def _listing(names) -> str:
 def convert_checkpoint(checkpoint: Checkpoint, expected: Mapping[Path_, jax.ShapeDtypeStruct], *,
                        dtype=jnp.float32, strict: bool = True, source: str = "checkpoint",
                        ignore_unexpected: tuple[str, ...] = ()):
-    """Renames ``checkpoint`` tensors onto the ``expected`` flat tree; returns (flat params, LoadReport).
+    """Renames ``checkpoint`` tensors onto the ``expected`` flat tree; returns (flat params,
+    LoadReport).
 
     Raises ValueError naming the key for a shape mismatch, for two tensors filling one parameter,
     when nothing matches, and (``strict``) for missing parameters or for tensors inside the
@@ -324,7 +329,8 @@ def convert_checkpoint(checkpoint: Checkpoint, expected: Mapping[Path_, jax.Shap
         raise ValueError(
             f"{source}: architecture mismatch: none of its {len(checkpoint)} tensors "
             f"(e.g. {_listing(_name(p, source) for p in list(checkpoint)[:3])}) is a parameter of "
-            f"this encoder (which expects e.g. {_listing('/'.join(p) for p in list(expected)[:3])})")
+            f"this encoder (which expects e.g. "
+            f"{_listing('/'.join(p) for p in list(expected)[:3])})")
     missing = sorted("/".join(p) for p in expected if p not in flat)
     if strict and misplaced:
         raise ValueError(
@@ -357,7 +363,8 @@ def load_params(path: str | Path):
 
 
 def save_pretrained(directory: str | Path, hf_config, params) -> Path:
-    """Writes config.json and flax_model.msgpack so that ``load_pretrained(directory)`` re-reads them."""
+    """Writes config.json and flax_model.msgpack so that ``load_pretrained(directory)`` re-reads
+    them."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     hf_config.save_pretrained(str(directory))

@@ -1,0 +1,160 @@
+"""Where the state heads and the detector run (``TieredConfig.cells``): one view of the grid.
+
+``cell_view(cells, batch, row_index)`` returns ``GridCells`` ("grid": every (B, 2, E, S) cell
+and every (story, entity) track) or ``RealCells`` ("real": the encoder rows plus one padding
+row, the tracks ``batch["track_index"]`` names plus one padding track). The model calls only:
+
+- ``gather(rows, padding)``: encoder rows [R, H] -> head inputs [N, H]; a padding cell gets
+  ``padding`` ([H], or zeros where None);
+- ``tracks(values)``: per-input values [N, ...] -> detector tracks [T, S, ...], with
+  ``track_mask`` bool [T, S] marking their real sentences;
+- ``to_grid(values)``: [N, ...] -> [B, 2, E, S, ...]; ``from_tracks(values)``: [T, S] ->
+  [B, 2, E, S].
+
+Without dropout both views give equal outputs; with it, "real" draws one mask for all padding
+cells (and one for all padding tracks). Reasoning: docs/reference.md, "Model".
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def scatter_rows(row_values: jax.Array, row_index: jax.Array, row_shape: tuple[int, ...]
+                 ) -> jax.Array:
+    """Scatters per-encoder-row vectors [R, H] to a dense [*row_shape, H] grid.
+
+    ``row_index`` holds flat indices into ``row_shape``; padding rows point one past the end and
+    are dropped. Cells no row writes stay 0.
+    """
+    num_cells = int(np.prod(row_shape))
+    dense = jnp.zeros((num_cells, row_values.shape[-1]), row_values.dtype)
+    dense = dense.at[row_index].set(row_values, mode="drop")
+    return dense.reshape(*row_shape, row_values.shape[-1])
+
+
+def scatter_over_padding(values: jax.Array, index: jax.Array, size: int) -> jax.Array:
+    """Places ``values[:-1]`` at ``index`` in an array of ``size`` entries filled with
+    ``values[-1]`` (the padding entry's value); indices outside 0..size-1 are dropped.
+
+    ``values`` [N + 1, ...], ``index`` int [N]; returns [size, ...].
+    """
+    fill = jnp.broadcast_to(values[-1], (size, *values.shape[1:]))
+    return fill.at[index].set(values[:-1], mode="drop")
+
+
+def cells_to_tracks(cell_values: jax.Array, padding_value, track_index: jax.Array,
+                    num_sentences: int) -> jax.Array:
+    """Gathers the (story, entity) tracks ``track_index`` names and appends a padding track.
+
+    ``cell_values`` [B*2*E*S, ...] per cell; returns [K + 1, S, ...]: the K tracks (an index
+    past the last track gives the last track, for its result to be dropped), then S copies of
+    ``padding_value``.
+    """
+    tracks = cell_values.reshape(-1, num_sentences, *cell_values.shape[1:])
+    gathered = jnp.take(tracks, track_index, axis=0, mode="clip")
+    padding = jnp.broadcast_to(jnp.asarray(padding_value, cell_values.dtype),
+                               (1, num_sentences, *cell_values.shape[1:]))
+    return jnp.concatenate([gathered, padding])
+
+
+class GridCells:
+    """Every cell of the (B, 2, E, S) grid is an input (N = B*2*E*S); every track runs."""
+
+    def __init__(self, row_mask: jax.Array, row_index: jax.Array):
+        self.row_mask = row_mask
+        self.row_index = row_index
+        self.track_mask = row_mask.reshape(-1, row_mask.shape[-1])
+
+    def gather(self, rows: jax.Array, padding: jax.Array | None) -> jax.Array:
+        """[R, H] -> [B*2*E*S, H]: each row at its cell, padding cells set to ``padding``.
+
+        Padding rows of the dense layout hold pad-token embeddings; they are replaced too.
+        """
+        h = scatter_rows(rows, self.row_index, self.row_mask.shape)
+        if padding is None:
+            h = h * self.row_mask[..., None]
+        else:
+            h = jnp.where(self.row_mask[..., None], h, padding)
+        return h.reshape(-1, h.shape[-1])
+
+    def tracks(self, values: jax.Array) -> jax.Array:
+        """[B*2*E*S, ...] -> [B*2*E, S, ...]."""
+        return values.reshape(-1, self.row_mask.shape[-1], *values.shape[1:])
+
+    def to_grid(self, values: jax.Array) -> jax.Array:
+        """[B*2*E*S, ...] -> [B, 2, E, S, ...]."""
+        return values.reshape(*self.row_mask.shape, *values.shape[1:])
+
+    def from_tracks(self, values: jax.Array) -> jax.Array:
+        """[B*2*E, S] -> [B, 2, E, S]."""
+        return values.reshape(self.row_mask.shape)
+
+
+class RealCells:
+    """The encoder rows on real cells plus one padding row are the inputs (N = R + 1); the
+    tracks ``track_index`` names plus one all-padding track run (T = K + 1). Padding cells and
+    tracks take the padding row's and track's results."""
+
+    def __init__(self, row_mask: jax.Array, row_index: jax.Array, track_index: jax.Array):
+        self.row_mask = row_mask
+        self.row_index = row_index
+        self.track_index = track_index
+        self.num_cells = int(np.prod(row_mask.shape))
+        self.track_mask = self._tracks_of(row_mask.reshape(-1), False)
+
+    def _tracks_of(self, grid_values: jax.Array, padding_value) -> jax.Array:
+        return cells_to_tracks(grid_values, padding_value, self.track_index,
+                               self.row_mask.shape[-1])
+
+    def _scatter(self, values: jax.Array) -> jax.Array:
+        """[R + 1, ...] -> [B*2*E*S, ...]; cells no real row writes get ``values[-1]``."""
+        return scatter_over_padding(values, self.row_index, self.num_cells)
+
+    def gather(self, rows: jax.Array, padding: jax.Array | None) -> jax.Array:
+        """[R, H] -> [R + 1, H]: rows off a real cell (padding rows of the dense layout too) set
+        to ``padding``, then one row of ``padding``."""
+        padding = (jnp.zeros((1, rows.shape[-1]), jnp.float32) if padding is None
+                   else padding[None])
+        num_cells = self.num_cells
+        on_real_cell = (self.row_index < num_cells) & self.row_mask.reshape(-1)[
+            jnp.minimum(self.row_index, num_cells - 1)]
+        return jnp.concatenate([jnp.where(on_real_cell[:, None], rows, padding), padding])
+
+    def tracks(self, values: jax.Array) -> jax.Array:
+        """[R + 1, ...] -> [K + 1, S, ...]."""
+        return self._tracks_of(self._scatter(values), values[-1])
+
+    def to_grid(self, values: jax.Array) -> jax.Array:
+        """[R + 1, ...] -> [B, 2, E, S, ...]."""
+        return self._scatter(values).reshape(*self.row_mask.shape, *values.shape[1:])
+
+    def from_tracks(self, values: jax.Array) -> jax.Array:
+        """[K + 1, S] -> [B, 2, E, S]; tracks ``track_index`` does not name get ``values[-1]``."""
+        num_tracks = self.num_cells // self.row_mask.shape[-1]
+        return scatter_over_padding(values, self.track_index, num_tracks).reshape(
+            self.row_mask.shape)
+
+
+def cell_view(cells: str, batch: Mapping[str, jax.Array], row_index: jax.Array
+              ) -> GridCells | RealCells:
+    """The view ``cells`` ("grid" or "real") names over ``batch["row_mask"]`` [B, 2, E, S].
+
+    ``row_index`` int32 [R]: the flat cell of each encoder row (B*2*E*S for a padding row).
+    "real" runs the tracks of ``batch["track_index"]`` (int32 [K]), every track where the batch
+    has none.
+    """
+    if cells not in ("grid", "real"):
+        raise ValueError(f"cells must be 'grid' or 'real', got {cells!r}")
+    row_mask = jnp.asarray(batch["row_mask"], bool)
+    if cells == "grid":
+        return GridCells(row_mask, row_index)
+    if "track_index" in batch:
+        track_index = jnp.asarray(batch["track_index"], jnp.int32)
+    else:
+        track_index = jnp.arange(int(np.prod(row_mask.shape[:-1])), dtype=jnp.int32)
+    return RealCells(row_mask, row_index, track_index)
