@@ -1,9 +1,9 @@
-"""The real training objects of one model, built the way ``trip_jax.train`` builds them.
+"""The real training objects of one model, built the way training builds them.
 
 ``Harness.build`` reads the dev pairs from ``$TRIP_DATA_DIR``, tokenizes them with the model's
 tokenizer (``trip_jax.input_pipeline``), and creates the mesh, the model and, with
-``train.build_trainer`` (as training does), the optimizer, the train state and the jitted train
-and eval steps. The benchmarks time exactly those step functions (encoder + heads + detector +
+``trip_jax.training.step.build_trainer`` (as training does), the optimizer, the train state and
+the jitted train and eval steps. The benchmarks time exactly those step functions (encoder + heads + detector +
 loss + optimizer update).
 
 Also here: the batches the benchmarks feed them. ``representative_pairs`` picks B pairs spread
@@ -33,7 +33,7 @@ from trip_jax.input_pipeline import Layout
 from trip_jax.models.tiered import TieredConfig
 
 if TYPE_CHECKING:  # imported where a Harness is built: ModelData alone does not need it
-    from trip_jax import train
+    from trip_jax.training import step as training_step
 
 # The pair sets a harness can load.
 SPLITS = ("dev", "dev_train")
@@ -107,7 +107,7 @@ class Harness:
     tokenizer: Any
     encoded: list[EncodedPair]
     hf_config: Any
-    trainer: train.Trainer
+    trainer: training_step.Trainer
     state: Any
     num_entities: int | None = None  # ModelData.num_entities
 
@@ -118,7 +118,7 @@ class Harness:
 
     @property
     def train_step(self):
-        """The jitted train step (``train.make_train_step``)."""
+        """The jitted train step (``trip_jax.training.step.make_train_step``)."""
         return self.trainer.train_step
 
     @property
@@ -135,13 +135,13 @@ class Harness:
         data = ModelData.load(name, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
                               remat=remat, short_seq_len=short_seq_len, overrides=overrides,
                               split=split)
-        from trip_jax import train  # noqa: PLC0415 - checkpointing imports, not for ModelData
+        from trip_jax.training import step as training_step  # noqa: PLC0415 - not for ModelData
 
         config = data.config
         hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
         model = builders.build_model(config, hf_config)
-        trainer = train.build_trainer(config, model, sharding.create_mesh(config.mesh),
-                                      _SCHEDULE_STEPS)
+        trainer = training_step.build_trainer(config, model, sharding.create_mesh(config.mesh),
+                                              _SCHEDULE_STEPS)
         return cls(name, config, data.tokenizer, data.encoded, hf_config, trainer,
                    trainer.fresh_state(encoder_params), data.num_entities)
 

@@ -238,7 +238,7 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean",
     config.train.schedule = "constant"
     config.train.warmup_fraction = 0.1  # warm-up share of all steps (warmup_* schedules)
     # Start a run from the parameters of another run's checkpoint (its workdir; which one:
-    # "latest", "best_verifiability", "best_accuracy" or a step), except those whose path
+    # "latest", "selected", "best_accuracy" or a step), except those whose path
     # matches the regex init_skip (e.g. "detector"). "": the pretrained encoder only.
     config.train.init_from = ""
     config.train.init_from_checkpoint = "latest"
@@ -254,7 +254,7 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean",
     config.train.checkpoint_every_steps = 500  # latest checkpoint; also after every epoch
     config.train.keep_checkpoints = 2   # latest checkpoints kept for resuming
     # Which evaluation's parameters become the selected checkpoint (checkpoints/
-    # best_verifiability): "verifiability" (the reference: best held-out verifiability, ties by
+    # selected): "verifiability" (the reference: best held-out verifiability, ties by
     # consistency, then accuracy) | "smoothed" (best mean of consistency + verifiability over the
     # last selection_window evaluations: one lucky pair of a small held-out slice moves it less).
     config.train.selection = "verifiability"

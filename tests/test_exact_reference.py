@@ -28,7 +28,7 @@ from trip_jax.data.types import Story, StoryPair
 from trip_jax.losses import LossConfig, tiered_loss
 from trip_jax.models.bert import BertEncoder
 from trip_jax.models.tiered import LEGACY_MASK_BIAS, TieredConfig, build_tiered_model
-from trip_jax.train import make_optimizer
+from trip_jax.optimizers import make_optimizer
 
 S = 7
 CUT = 16

@@ -86,8 +86,8 @@ DROPOUT = interval("[0, 1)")
 # -1: every device the other mesh axis leaves (sharding.mesh_shape).
 MESH_SIZE = Rule(lambda v: _is_number(v) and (v == -1 or v >= 1),
                  "-1 (every device the other axis leaves) or >= 1")
-CHECKPOINT = Rule(lambda v: isinstance(v, str) and (v in checkpoints.KINDS or v.isdigit()),
-                  f"{', '.join(checkpoints.KINDS)} or a step number")
+CHECKPOINT = Rule(lambda v: isinstance(v, str) and (v in checkpoints.NAMES or v.isdigit()),
+                  f"{', '.join(checkpoints.NAMES)} or a step number")
 
 # Dotted config key -> the values it allows (keys absent here take any value of their type).
 RANGES: dict[str, Rule] = {

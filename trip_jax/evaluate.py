@@ -328,14 +328,15 @@ def marker_split(splits: protocol.ProtocolSplits, split: str, pairs: Sequence[St
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
-                        which: str | int = checkpoints.BEST_VERIFIABILITY,
+                        which: str | int = checkpoints.SELECTED,
                         split: str = "test", *, progress: bool = False) -> dict[str, Any]:
     """Scores checkpoint ``which`` of ``workdir`` on ``split`` and writes ``WORKDIR/eval/``.
 
     Args:
       config: the run's config (or one with the same model): data location, protocol, batching.
       workdir: the training run's directory.
-      which: "best_verifiability", "best_accuracy", "latest" or a step number.
+      which: a name of ``checkpoints.NAMES`` ("selected", "best_accuracy", "latest", ...) or
+        a step number.
       split: "test", the protocol's selection split ("dev" / "dev_holdout") or "train".
       progress: show a progress bar over the eval batches.
 

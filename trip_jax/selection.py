@@ -1,7 +1,7 @@
 """Checkpoint selection: which held-out evaluation's parameters become the selected checkpoint.
 
 Every selection evaluation gets a ``selection_score``; the selected checkpoint
-(``checkpoints/best_verifiability``) is the one of the highest score, ties broken by
+(``checkpoints/selected``) is the one of the highest score, ties broken by
 verifiability, then consistency, then accuracy (``checkpoints.RANKING``). The rules
 (``config.train.selection``):
 
