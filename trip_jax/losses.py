@@ -30,8 +30,7 @@ class LossConfig:
     """Loss weights (λp, λf, λc, λs) and the padding switch; defaults = the paper's best.
 
     ``conflict_positive_weight`` multiplies the BCE of positive conflict labels (1.0: the
-    reference, unweighted); > 1 counters the ~10% positive rate that keeps a detector trained on
-    few pairs below the 0.5 belief threshold.
+    reference, unweighted; why: docs/reference.md, "Losses").
     """
 
     pre_weight: float = 0.4

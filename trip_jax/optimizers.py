@@ -1,21 +1,19 @@
-"""Optimizers by name: optax's AdamW, or the AdamW of the reference (``transformers.AdamW``).
+"""The optimizer of a run: AdamW by name, gradient clipping, the learning-rate schedule.
 
-The two differ only in where epsilon sits. optax (like ``torch.optim.AdamW``) divides the
-bias-corrected moments::
+``make_optimizer(config.train, total_steps)`` returns (optimizer, encoder schedule). ``adamw``:
+"adamw" is optax's (like ``torch.optim.AdamW``)::
 
     update = lr * m_hat / (sqrt(v_hat) + eps),  m_hat = m / (1 - b1^t),  v_hat = v / (1 - b2^t)
 
-``transformers.AdamW`` (transformers 4.x, which the reference trained with) adds eps to the raw
-sqrt(v) and folds both bias corrections into the step size::
+"hf_adamw" is ``transformers.AdamW`` (transformers 4.x, the reference's)::
 
     step_size = lr * sqrt(1 - b2^t) / (1 - b1^t)
     p <- p - step_size * m / (sqrt(v) + eps)
     p <- p - lr * weight_decay * p          (after the Adam step, on the updated p)
 
-so its effective epsilon is eps / sqrt(1 - b2^t): 3.2e-5 instead of 1e-6 at step 1 for
-eps = 1e-6, b2 = 0.999. ``clip_by_global_norm`` likewise has two forms: optax's scales by
-max_norm / norm when norm > max_norm; ``torch.nn.utils.clip_grad_norm_`` (the reference's) by
-max_norm / (norm + 1e-6) whenever that is below 1.
+``clip_by_global_norm`` scales by max_norm / norm when norm > max_norm (optax, with "adamw") or
+by min(1, max_norm / (norm + 1e-6)) (``torch.nn.utils.clip_grad_norm_``, with "hf_adamw").
+What the difference amounts to: docs/exact-mode.md.
 """
 
 from __future__ import annotations
