@@ -3,8 +3,8 @@
 ``Harness.build`` reads the dev pairs from ``$TRIP_DATA_DIR``, tokenizes them with the model's
 tokenizer (``trip_jax.input_pipeline``), and creates the mesh, the model and, with
 ``trip_jax.training.step.build_trainer`` (as training does), the optimizer, the train state and
-the jitted train and eval steps. The benchmarks time exactly those step functions (encoder + heads + detector +
-loss + optimizer update).
+the jitted train and eval steps. The benchmarks time exactly those step functions (encoder +
+heads + detector + loss + optimizer update).
 
 Also here: the batches the benchmarks feed them. ``representative_pairs`` picks B pairs spread
 over the dev set's row-count distribution (so a fixed batch has about the mean pair size), and
