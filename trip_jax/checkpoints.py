@@ -2,32 +2,25 @@
 
 A workdir holds:
 
-  config.json                  the run's config
-  encoder_config.json          the encoder's Hugging Face config
-  tokenizer/                   the tokenizer (save_pretrained), so evaluation needs no data
+  config.json, encoder_config.json, tokenizer/   the run, so evaluation needs no data or code
   checkpoints/latest/STEP/          params + opt_state + meta: the last few, for resuming
   checkpoints/selected/STEP/        params + meta: the checkpoint the selection rule chose
                                     (highest ``selection_score``, trip_jax/selection.py)
   checkpoints/best_accuracy/STEP/   params + meta: best selection accuracy
 
+``meta`` (JSON): step, epoch, selection metrics, protocol, config, encoder config and
+``meta["checksums"]`` (``trip_jax.checksums``: every array by tree path, and the rest of meta).
+Best checkpoints rank by the tuple ``RANKING[kind]`` and are written only when strictly better.
+Guarantees: readers see only completed steps (orbax renames a step when complete); restoring
+verifies the checksums first (``DamagedCheckpointError`` names the step, the array and both
+checksums; a checkpoint saved before checksums restores with a warning); resuming falls back to
+the newest intact ``latest`` step (at least ``MIN_KEEP`` are kept). Details:
+docs/reference.md, "Training".
+
 Workdirs written before the rename hold the selected checkpoint in ``checkpoints/
 best_verifiability/`` (``OLD_SELECTED``): where ``selected/`` is absent that folder is read (and a
 resumed run keeps saving there), with one log line; ``best_verifiability`` is still accepted
 wherever a checkpoint is named (``resolve_name``).
-
-``meta`` (JSON) holds the step, epoch, selection metrics, protocol, the config and the encoder
-config, so every checkpoint directory is self-describing. Best checkpoints are ranked by the
-tuple of ``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
-Orbax writes each step to a temporary directory and renames it when complete (on ``gs://``: writes
-``commit_success.txt`` last), and lists only completed steps, so a run killed while saving leaves
-the previous checkpoints intact and readers never see a step still being written.
-
-Verified checkpoints: ``meta["checksums"]`` records the checksum of every saved array (by tree
-path, ``trip_jax.checksums``) and of the rest of ``meta``, saved in the same commit. Restoring
-checks them before the weights are used: a mismatch, or a step orbax cannot read, is a
-``DamagedCheckpointError`` naming the step, the array and both checksums. Resuming falls back
-to the newest intact ``latest`` step (at least two are kept) and removes the damaged newer ones.
-Checkpoints saved before checksums were recorded restore with a warning.
 """
 
 from __future__ import annotations
