@@ -21,7 +21,8 @@ from trip_jax.training.state import TrainState, abstract_train_state, create_tra
 
 
 def global_norm(tree) -> jax.Array:
-    """Euclidean norm of all the arrays of a tree together."""
+    """sqrt(sum over every leaf x and element of x**2), computed in float32: the Euclidean norm
+    of all the arrays of ``tree`` together."""
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
