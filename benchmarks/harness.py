@@ -2,7 +2,7 @@
 
 Setup: ``ModelData.load`` builds model NAME's run configuration (``benchmarks.cases``) and
 reads and tokenizes the dev pairs of ``$TRIP_DATA_DIR`` as ``trip_jax.input_pipeline`` does;
-``Harness.build`` adds the mesh, the model and, with ``train.build_trainer`` (as training
+``Harness.build`` adds the mesh, the model and, with ``training.step.build_trainer`` (as training
 does), the optimizer, the train state and the jitted train and eval steps. The benchmarks time
 exactly those step functions (encoder + heads + detector + loss + optimizer update).
 
@@ -44,7 +44,7 @@ from trip_jax.models import weights
 from trip_jax.models.tiered import TieredConfig
 
 if TYPE_CHECKING:  # imported where a Harness is built: ModelData alone does not need it
-    from trip_jax import train
+    from trip_jax.training import step as training_step
 
 # The pair sets a harness can load.
 SPLITS = ("dev", "dev_train")
@@ -141,7 +141,7 @@ class Harness:
 
     data: ModelData
     hf_config: Any
-    trainer: train.Trainer
+    trainer: training_step.Trainer
     state: Any
 
     name = property(lambda self: self.data.name)
@@ -151,20 +151,20 @@ class Harness:
     layout = property(lambda self: self.data.layout)
     tiered = property(lambda self: self.data.tiered)
     mesh = property(lambda self: self.trainer.mesh)
-    train_step = property(lambda self: self.trainer.train_step)  # train.make_train_step
+    train_step = property(lambda self: self.trainer.train_step)  # training.step.make_train_step
     eval_step = property(lambda self: self.trainer.eval_step)  # evaluate.make_eval_step
 
     @classmethod
     def build(cls, name: str, **load) -> "Harness":
         """Builds model ``name`` on its pairs (keyword arguments: ``ModelData.load``)."""
         data = ModelData.load(name, **load)
-        from trip_jax import train  # noqa: PLC0415 - checkpointing imports, not for ModelData
+        from trip_jax.training import step as training_step  # noqa: PLC0415 - not for ModelData
 
         config = data.config
         hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
         model = builders.build_model(config, hf_config)
-        trainer = train.build_trainer(config, model, sharding.create_mesh(config.mesh),
-                                      _SCHEDULE_STEPS)
+        trainer = training_step.build_trainer(config, model, sharding.create_mesh(config.mesh),
+                                              _SCHEDULE_STEPS)
         return cls(data, hf_config, trainer, trainer.fresh_state(encoder_params))
 
     def config_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:

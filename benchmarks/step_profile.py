@@ -4,7 +4,7 @@ For one model, layout and batch (the representative pairs ``benchmarks.train_spe
 this times, each as its own jitted program on the same batch and parameters (medians of
 ``--iters`` runs after a compile and a first run):
 
-- ``train_step``: the real step of ``trip_jax.train`` (forward, backward, AdamW, norms);
+- ``train_step``: the real step of ``trip_jax.training.step`` (forward, backward, AdamW, norms);
 - ``loss_and_grad``: forward and backward with dropout, no optimizer;
 - ``encoder_grad``: the encoder alone, forward and backward (a loss on the rows' vectors);
 - ``encoder_forward``: the encoder alone, forward with dropout;

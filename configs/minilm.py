@@ -10,31 +10,16 @@ Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data): one
 
   python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
 
-Expected result (test accuracy / consistency / verifiability, %, mean (min-max) over seeds 22,
-23 and 24; results/minilm_coherent/summary.md): 77.2 (76.6-77.5) / 48.1 (45.9-49.6) /
-16.0 (12.3-19.9) (random baseline 50.7 / 5.0 / 0.0; paper, RoBERTa-large trained on 799 pairs:
-72.9 / 19.1 / 9.1). Floating-point results differ between CPUs, so a run on another machine
-gives other numbers of this spread. Wall time: 17 min for one run alone on a 2-core CPU.
+Expected result: test accuracy / consistency / verifiability 77.2 / 48.1 / 16.0 % (mean of seeds
+22-24; the spread, the wall time and why floating-point results differ between CPUs:
+docs/results.md, "Headline").
 
-It runs the ``coherent`` preset (configs/base.py PRESETS). What each option does and its
-measured effect (docs/results.md, "Ablation"):
-- decoding.method=coherent: story, conflicting pair and backing states decoded jointly; the
-  same outputs decoded as the reference does score 70.3 / 17.3 / 5.2 (mean of the 3 seeds);
-- decoding.state_threshold=0.5 and decoding.alias_states: states asserted only at probability
-  >= 0.5, and an object named twice keeps each state under one name; the same outputs score
-  77.2 / 48.1 / 13.4 without both, 13.9 verifiability without the threshold, 15.4 without the
-  alias rule (means of the 3 seeds; state F1 0 to 0.5 points higher without them);
-- train.selection=smoothed with full windows: the reference rule picks epoch 1 at seed 22
-  (70.7 / 37.6 / 12.3);
-- model.tiered.state_transitions, story_score=max, detector_layers=1,
-  loss.conflict_positive_weight=3, the ``all`` loss preset, train.head_learning_rate=2e-3 with
-  warmup_linear: no effect that one seed (22, and 24 for two of them) can tell from noise, in
-  either direction (measured with states decoded as argmax, docs/results.md).
-Here also: learning rate 1e-4, 4 epochs, prng_impl=rbg (faster dropout masks on CPU).
+It runs the ``coherent`` preset (every key it sets: configs/base.py PRESETS; the measured effect
+of each: docs/results.md, "Ablation") with learning rate 1e-4, 4 epochs and prng_impl=rbg (faster
+dropout masks on CPU).
 
-``configs/minilm.py:reference`` runs the paper's model on MiniLM (lr 5e-5, 10 epochs); with it no
-run here learned to predict the conflicting sentences (held-out consistency 0, docs/results.md).
-``:exact`` switches to the original implementation's step (docs/exact-mode.md).
+``configs/minilm.py:reference`` runs the paper's model on MiniLM (lr 5e-5, 10 epochs; its runs:
+docs/results.md). ``:exact`` switches to the original implementation's step (docs/exact-mode.md).
 """
 
 import importlib.util

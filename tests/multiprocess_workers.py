@@ -70,13 +70,14 @@ def dump_shards(tree, path: str | os.PathLike) -> list[dict]:
     return leaves
 
 
-def _record_train_steps(train_module) -> dict:
-    """Makes every train step built from now on record its loss and its output state.
+def _record_train_steps(step_module) -> dict:
+    """Makes every train step built from now on (by ``step_module.build_trainer``, the module
+    ``trip_jax.training.step``) record its loss and its output state.
 
     Returns {"losses": [per-step loss arrays], "state": the last step's state}.
     """
     record = {"losses": [], "state": None}
-    make_train_step = train_module.make_train_step
+    make_train_step = step_module.make_train_step
 
     def make_recording_step(*args, **kwargs):
         step = make_train_step(*args, **kwargs)
@@ -89,7 +90,7 @@ def _record_train_steps(train_module) -> dict:
 
         return recording_step
 
-    train_module.make_train_step = make_recording_step
+    step_module.make_train_step = make_recording_step
     return record
 
 
@@ -106,9 +107,10 @@ def training_worker(data_dir: str, workdir: str, out_dir: str) -> dict:
     import jax
 
     from trip_jax import checkpoints, evaluate, train
+    from trip_jax.training import step as training_step
 
     _quiet_orbax()
-    record = _record_train_steps(train)
+    record = _record_train_steps(training_step)
     test_metrics = train.train_and_evaluate(training_config(data_dir), workdir)
     # Each process reads its own copy of the replicated per-step losses.
     losses = [float(np.asarray(loss)) for loss in record["losses"]]

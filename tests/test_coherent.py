@@ -53,7 +53,7 @@ def test_selection_rules():
     with pytest.raises(ValueError, match="selection_window"):
         selection.check_selection("smoothed", 0)
     # Checkpoints saved before the selection score existed rank by verifiability first.
-    assert checkpoints.ranking_score(checkpoints.BEST_VERIFIABILITY, {
+    assert checkpoints.ranking_score(checkpoints.SELECTED, {
         "verifiability": 0.1, "consistency": 0.2, "accuracy": 0.5}) == (0.1, 0.1, 0.2, 0.5)
 
 
@@ -78,7 +78,7 @@ def test_the_coherent_run_selects_and_reports_both_decodings(coherent_run):
     assert len(held_out) == 2
     scores = [r["consistency"] + r["verifiability"] for r in held_out]
     assert held_out[1]["selection_score"] == pytest.approx(sum(scores) / 2)
-    selected = checkpoints.restore_for_eval(str(workdir), checkpoints.BEST_VERIFIABILITY)
+    selected = checkpoints.restore_for_eval(str(workdir), checkpoints.SELECTED)
     best = max(held_out, key=lambda r: (r["selection_score"], r["verifiability"],
                                          r["consistency"], r["accuracy"]))
     assert selected.step == best["step"]
@@ -125,14 +125,14 @@ def test_every_coherent_prediction_names_the_states_behind_its_conflict(coherent
 
 def test_evaluate_and_predict_decode_as_the_config_says(coherent_run, tmp_path):
     workdir, config, result = coherent_run
-    scored = evaluate.evaluate_checkpoint(config, str(workdir), checkpoints.BEST_VERIFIABILITY,
+    scored = evaluate.evaluate_checkpoint(config, str(workdir), checkpoints.SELECTED,
                                           "test")["metrics"]
     for key in ("coherent/accuracy", "coherent/consistency", "reference/verifiability"):
         assert scored[key] == result[key], key
     as_reference = config.copy_and_resolve_references()
     as_reference.decoding.method = "reference"
     reference = evaluate.evaluate_checkpoint(as_reference, str(workdir),
-                                             checkpoints.BEST_VERIFIABILITY, "test")["metrics"]
+                                             checkpoints.SELECTED, "test")["metrics"]
     assert reference["decoding"] == "reference"
     assert reference["accuracy"] == result["reference/accuracy"]
     stories = [["Tom plugged in the phone.", "Tom charged the phone.", "Tom called Ann."],

@@ -53,7 +53,7 @@ def test_each_choice_is_what_the_module_using_it_implements(key, implemented):
 
 
 def test_schema_names_shared_with_other_modules_agree():
-    assert sections.CHECKPOINT_KINDS == checkpoints.KINDS
+    assert sections.CHECKPOINT_KINDS == checkpoints.NAMES
     assert dataclasses.asdict(sections.BucketsConfig()) == dataclasses.asdict(features.Buckets())
     assert set(base.PRESETS) == set(base.PRESET_LOSSES)
 

@@ -14,6 +14,7 @@ import re
 import shutil
 import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -21,7 +22,7 @@ from trip_jax import (checkpoints, evaluate, input_pipeline, metrics, protocol, 
                       schema)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-BEST = "best_verifiability-4"  # the tiny run's best checkpoint: its only selection, step 4
+BEST = "selected-4"  # the tiny run's selected checkpoint: its only selection, step 4
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
@@ -42,7 +43,7 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
     evaluated, _ = evaluated
     report = json.loads((evaluated / f"test.{BEST}.json").read_text())
     best = checkpoints.restore_for_eval(str(workdir))
-    assert report["checkpoint"] == "best_verifiability"
+    assert report["checkpoint"] == "selected"
     assert report["checkpoint_step"] == best.step == 4
     assert report["protocol"] == "dev_train"
     assert sorted(os.path.basename(p) for p in report["data_files"]) == [
@@ -164,7 +165,7 @@ def test_two_checkpoints_never_overwrite_each_other(evaluated, workdir, tiny_con
 def test_missing_checkpoint_is_a_clear_error(run_main, tmp_path):
     result = run_main(f"--workdir={tmp_path / 'untrained'}", "--mode=evaluate")
     assert result.returncode == 1
-    assert "error: no checkpoint 'best_verifiability'" in result.stderr
+    assert "error: no checkpoint 'selected'" in result.stderr
     assert "train first" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -177,11 +178,44 @@ def test_mismatched_config_and_corrupt_checkpoint_are_clear_errors(workdir, tmp_
     broken = tmp_path / "broken"
     shutil.copytree(workdir / "checkpoints", broken / "checkpoints")
     shutil.copytree(workdir / "tokenizer", broken / "tokenizer")
-    step_dir = next((broken / "checkpoints" / "best_verifiability").glob("[0-9]*"))
+    step_dir = next((broken / "checkpoints" / "selected").glob("[0-9]*"))
     (step_dir / "params" / "manifest.ocdbt").unlink()
     with pytest.raises(checkpoints.CheckpointError, match="could not restore"):
         evaluate.evaluate_checkpoint(tiny_config(), str(broken))
     assert not (broken / "eval").exists()
+
+
+def test_a_workdir_from_before_the_rename_still_evaluates(evaluated, workdir, tmp_path,
+                                                          tiny_config, caplog):
+    """checkpoints/best_verifiability/ (the selected checkpoint's folder before it was renamed
+    selected/) is read where selected/ is absent, under either name, and a resumed run keeps
+    saving there."""
+    evaluated, _ = evaluated
+    old = tmp_path / "old"
+    shutil.copytree(workdir / "checkpoints", old / "checkpoints")
+    shutil.copytree(workdir / "tokenizer", old / "tokenizer")
+    (old / "checkpoints" / "selected").rename(old / "checkpoints" / "best_verifiability")
+    new_params = checkpoints.restore_for_eval(str(workdir)).params
+    for which in ("selected", "best_verifiability"):
+        restored = checkpoints.restore_for_eval(str(old), which)
+        assert (restored.kind, restored.step) == ("selected", 4)
+        for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(new_params)):
+            np.testing.assert_array_equal(a, b)
+    with caplog.at_level("INFO"):
+        result = evaluate.evaluate_checkpoint(tiny_config(), str(old))
+    assert sum("best_verifiability" in r.getMessage() and "renamed selected/" in r.getMessage()
+               for r in caplog.records) == 1
+    assert result["paths"]["json"].name == f"test.{BEST}.json"
+    scored = json.loads(result["paths"]["json"].read_text())["metrics"]
+    expected = json.loads((evaluated / f"test.{BEST}.json").read_text())["metrics"]
+    assert {k: scored[k] for k in metrics.SCALAR_METRICS} == {
+        k: expected[k] for k in metrics.SCALAR_METRICS}
+    ckpts = checkpoints.RunCheckpoints(str(old), keep=2, async_save=False)
+    try:
+        assert ckpts.managers[checkpoints.SELECTED].directory.name == "best_verifiability"
+    finally:
+        ckpts.close()
+    assert not (old / "checkpoints" / "selected").exists()
 
 
 def test_random_baseline_report(tmp_path, tiny_config):

@@ -30,7 +30,7 @@ from trip_jax.losses import LossConfig, tiered_loss
 from trip_jax.models.bert import BertEncoder
 from trip_jax.models.exact_mode import LEGACY_MASK_BIAS
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
-from trip_jax.train import make_optimizer
+from trip_jax.optimizers import make_optimizer
 
 S = 7
 CUT = 16

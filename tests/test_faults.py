@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 # The kill points of a one-epoch tiny run (4 steps, latest checkpoints at 2 and 4, selection
 # and best checkpoints at 4), in the order the run reaches them.
-POINTS = ("step:1", "save:latest:2", "step:3", "save:best_verifiability:4",
+POINTS = ("step:1", "save:latest:2", "step:3", "save:selected:4",
           "save:best_accuracy:4", "save:latest:4", "report")
 
 
@@ -62,8 +62,8 @@ def file_kind(path, root):
 
 
 def test_every_kind_of_damaged_file_is_refused_or_harmless(trained_workdir, tmp_path):
-    good = params_of(trained_workdir, "best_verifiability")
-    step = step_dir(trained_workdir, "best_verifiability")
+    good = params_of(trained_workdir, "selected")
+    step = step_dir(trained_workdir, "selected")
     kinds = {}
     for path in sorted(p for p in step.rglob("*") if p.is_file()):
         kinds.setdefault(file_kind(path, step), path)  # the first file of each kind
@@ -75,7 +75,7 @@ def test_every_kind_of_damaged_file_is_refused_or_harmless(trained_workdir, tmp_
         shutil.copytree(trained_workdir, workdir, ignore=shutil.ignore_patterns("reports"))
         flip(workdir / original.relative_to(trained_workdir))
         try:
-            params = params_of(workdir, "best_verifiability")
+            params = params_of(workdir, "selected")
         except checkpoints.CheckpointError as err:
             message = str(err)
             assert "\n" not in message and str(workdir) in message, message
@@ -95,7 +95,7 @@ def test_every_kind_of_damaged_file_is_refused_or_harmless(trained_workdir, tmp_
 def test_damaged_metadata_that_still_parses_is_refused(trained_workdir, tmp_path):
     workdir = tmp_path / "meta"
     shutil.copytree(trained_workdir, workdir, ignore=shutil.ignore_patterns("reports"))
-    step = step_dir(workdir, "best_verifiability")
+    step = step_dir(workdir, "selected")
     meta = json.loads((step / "meta" / "metadata").read_text())
     meta["metrics"]["accuracy"] += 0.5
     (step / "meta" / "metadata").write_text(json.dumps(meta))
@@ -108,7 +108,7 @@ def test_damaged_metadata_that_still_parses_is_refused(trained_workdir, tmp_path
 def test_evaluate_on_a_damaged_checkpoint_is_one_line(trained_workdir, tmp_path, run_main):
     workdir = tmp_path / "damaged"
     shutil.copytree(trained_workdir, workdir)
-    step = step_dir(workdir, "best_verifiability")
+    step = step_dir(workdir, "selected")
     largest = max((p for p in (step / "params").rglob("*") if p.is_file()
                    and "d" in p.relative_to(step).parts), key=lambda p: p.stat().st_size)
     flip(largest)
@@ -127,13 +127,13 @@ def test_checkpoints_without_checksums_restore_with_a_warning(trained_workdir, t
                                                               caplog):
     workdir = tmp_path / "old"
     shutil.copytree(trained_workdir, workdir, ignore=shutil.ignore_patterns("reports"))
-    meta_file = step_dir(workdir, "best_verifiability") / "meta" / "metadata"
+    meta_file = step_dir(workdir, "selected") / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
     del meta["checksums"]
     meta_file.write_text(json.dumps(meta))
     with caplog.at_level("WARNING"):
-        params = params_of(workdir, "best_verifiability")
-    assert_trees_equal(params, params_of(trained_workdir, "best_verifiability"))
+        params = params_of(workdir, "selected")
+    assert_trees_equal(params, params_of(trained_workdir, "selected"))
     warnings = [r.getMessage() for r in caplog.records if "carries no checksums" in r.getMessage()]
     assert len(warnings) == 1 and "\n" not in warnings[0]
 
@@ -157,7 +157,7 @@ def test_resume_skips_a_damaged_latest_checkpoint(trained_workdir, tiny_config, 
     assert any(m.startswith(f"checkpoint {newest} is damaged: opt_state") for m in messages)
     assert any("resuming from step 2" in m for m in messages)
     # Steps 3 and 4 trained again from the intact step 2: the uninterrupted run's parameters.
-    for which in ("latest", "best_verifiability"):
+    for which in ("latest", "selected"):
         assert_trees_equal(params_of(workdir, which), params_of(trained_workdir, which))
 
     for step in ("2", "4"):  # now both damaged: nothing to resume from, nothing removed
@@ -210,7 +210,7 @@ def test_killed_at_random_points_and_restarted_ends_like_an_uninterrupted_run(
         assert "Traceback" not in result.stderr, (where, result.stderr[-3000:])
         if number:  # the killed run before left its lock behind
             assert "taking over the lock" in result.stderr, (where, result.stderr[-3000:])
-    for which in ("latest", "best_verifiability", "best_accuracy"):
+    for which in ("latest", "selected", "best_accuracy"):
         assert_trees_equal(params_of(workdir, which), params_of(trained_workdir, which))
     report = json.loads((workdir / "reports" / "test.json").read_text())
     expected = json.loads((trained_workdir / "reports" / "test.json").read_text())

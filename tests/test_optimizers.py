@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from trip_jax import optimizers
-from trip_jax.train import make_optimizer
+from trip_jax.optimizers import make_optimizer
 
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-6
 

@@ -73,7 +73,8 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     import jax
 
     from configs import tiny
-    from trip_jax import builders, checkpoints, evaluate, input_pipeline, losses, train
+    from trip_jax import builders, checkpoints, evaluate, input_pipeline, losses, optimizers
+    from trip_jax.training import state as train_state, step as train_step
 
     config = tiny.get_config()
     config.data.data_dir = data_dir
@@ -88,7 +89,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     data = input_pipeline.prepare_data(config)
     hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
-    tx, schedule = train.make_optimizer(config.train, STEPS)
+    tx, schedule = optimizers.make_optimizer(config.train, STEPS)
     loss_config = losses.LossConfig.from_mapping(config.loss)
     # Built in 8 pieces (the most devices a mesh below has), so no mesh pads them.
     batches = itertools.chain.from_iterable(
@@ -102,13 +103,13 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     for name, (d, f) in LAYOUTS.items():
         mesh = sharding.create_mesh(ConfigDict(dict(data=d, fsdp=f)), jax.devices()[:d * f])
         if initial is None:  # one initialisation (and one init compilation) for every layout
-            state, shardings = train.create_train_state(config, model, tx, mesh)
+            state, shardings = train_state.create_train_state(config, model, tx, mesh)
             initial = jax.device_get(state)
         else:
             shardings = sharding.tree_shardings(mesh, initial, config.mesh.fsdp_min_size)
             state = jax.device_put(initial, shardings)
-        step = train.make_train_step(model, tx, schedule, loss_config, mesh, shardings,
-                                     config.train.seed)
+        step = train_step.make_train_step(model, tx, schedule, loss_config, mesh, shardings,
+                                          config.train.seed)
         losses_ = []
         for local in local_batches:
             state, metrics = step(state, sharding.global_batch(local, mesh))

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from trip_jax import builders, checkpoints, evaluate, input_pipeline, runtime, sharding, train
+from trip_jax import (builders, checkpoints, evaluate, input_pipeline, optimizers, runtime,
+                      sharding, train)
+from trip_jax.training.state import create_train_state, init_params_from
 
 KILL_AFTER_STEP = 2  # mid-epoch: the tiny config has 4 steps per epoch
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -90,12 +92,12 @@ def test_whole_loop_logs_checkpoints_and_reports(full_run):
     assert [r["step"] for r in held_out] == [4, 8]
     assert all(r["selection_score"] == r["verifiability"] for r in held_out)
     assert sorted(r["checkpoint"] for r in log if r["split"] == "test") == [
-        "best_accuracy", "best_verifiability"]
+        "best_accuracy", "selected"]
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     assert 1 >= result["accuracy"] >= result["consistency"] >= result["verifiability"] >= 0
     report = json.loads((workdir / "reports" / "test.json").read_text())
     assert report["protocol"] == "dev_train"
-    assert report["checkpoint"] == "best_verifiability"
+    assert report["checkpoint"] == "selected"
     assert report["metrics"]["num_pairs"] == 8
     assert (workdir / "reports" / "best_accuracy" / "test.md").exists()
     predictions = (workdir / "reports" / "test.predictions.jsonl").read_text().splitlines()
@@ -124,7 +126,7 @@ def test_resume_reaches_the_parameters_of_an_uninterrupted_run(full_run, resumed
 def test_restore_for_eval_needs_only_the_workdir(full_run):
     workdir, _ = full_run
     restored = checkpoints.restore_for_eval(str(workdir))
-    assert restored.kind == "best_verifiability"
+    assert restored.kind == "selected"
     assert restored.meta["protocol"] == "dev_train"
     assert set(restored.meta["metrics"]) >= {"accuracy", "consistency", "verifiability"}
     ids = restored.tokenizer("the apple", "Mary ate the apple.")["input_ids"]
@@ -155,7 +157,7 @@ def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
         checkpoints.check_compatible(saved, other, "older run")
     broken = tmp_path / "broken"
     shutil.copytree(workdir, broken)
-    step_dir = next((broken / "checkpoints" / "best_verifiability").glob("[0-9]*"))
+    step_dir = next((broken / "checkpoints" / "selected").glob("[0-9]*"))
     (step_dir / "params" / "manifest.ocdbt").unlink()
     with pytest.raises(checkpoints.CheckpointError, match="could not restore"):
         checkpoints.restore_for_eval(str(broken))
@@ -237,7 +239,7 @@ def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates(tiny_conf
     config = tiny_config()
     config.train.learning_rate, config.train.head_learning_rate = 1e-3, 1e-2
     config.train.grad_clip_norm = 0.0
-    tx, _ = train.make_optimizer(config.train, total_steps=10)
+    tx, _ = optimizers.make_optimizer(config.train, total_steps=10)
     params = {"encoder": {"w": np.ones(3, np.float32)}, "detector": {"w": np.ones(3, np.float32)}}
     grads = jax.tree.map(np.ones_like, params)
     updates, _ = tx.update(grads, tx.init(params), params)
@@ -245,7 +247,7 @@ def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates(tiny_conf
     np.testing.assert_allclose(updates["encoder"]["w"], -1e-3, rtol=1e-4)
     np.testing.assert_allclose(updates["detector"]["w"], -1e-2, rtol=1e-4)
     config.train.head_learning_rate = 0.0  # the reference: one rate for everything
-    tx, _ = train.make_optimizer(config.train, total_steps=10)
+    tx, _ = optimizers.make_optimizer(config.train, total_steps=10)
     updates, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(updates["detector"]["w"], -1e-3, rtol=1e-4)
 
@@ -253,7 +255,7 @@ def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates(tiny_conf
 def test_frozen_encoder_gets_no_update(tiny_config):
     config = tiny_config()
     config.train.freeze_encoder = True
-    tx, _ = train.make_optimizer(config.train, total_steps=10)
+    tx, _ = optimizers.make_optimizer(config.train, total_steps=10)
     params = {"encoder": {"w": np.ones(3, np.float32)}, "detector": {"w": np.ones(3, np.float32)}}
     grads = jax.tree.map(np.ones_like, params)
     updates, _ = tx.update(grads, tx.init(params), params)
@@ -266,9 +268,9 @@ def fresh_params(config):
     data = input_pipeline.prepare_data(config)
     hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
-    tx, _ = train.make_optimizer(config.train, total_steps=10)
-    state, _ = train.create_train_state(config, model, tx, sharding.create_mesh(config.mesh),
-                                        encoder_params)
+    tx, _ = optimizers.make_optimizer(config.train, total_steps=10)
+    state, _ = create_train_state(config, model, tx, sharding.create_mesh(config.mesh),
+                                  encoder_params)
     return jax.device_get(state.params), state.params
 
 
@@ -281,7 +283,7 @@ def test_init_from_takes_an_earlier_runs_parameters_except_skipped(tiny_config, 
     config.train.init_from_checkpoint = "best_accuracy"
     config.train.init_skip = r"\['detector'\]"
     fresh, placed = fresh_params(config)
-    params = jax.device_get(train.init_params_from(config, placed))
+    params = jax.device_get(init_params_from(config, placed))
     for group in ("encoder", "state_heads", "states_proj", "embedding_proj"):
         assert_trees_equal(params[group], source[group])
     assert_trees_equal(params["detector"], fresh["detector"])          # skipped
@@ -291,10 +293,10 @@ def test_init_from_takes_an_earlier_runs_parameters_except_skipped(tiny_config, 
     config.model.tiered.detector_ff = 48  # another detector shape, no longer skipped
     config.train.init_skip = ""
     with pytest.raises(ValueError, match="detector.*shape"):
-        train.init_params_from(config, fresh_params(config)[1])
+        init_params_from(config, fresh_params(config)[1])
     config.model.tokenizer = "word_level:roberta"  # tiny's is word_level:bert
     with pytest.raises(ValueError, match="model.tokenizer"):
-        train.init_params_from(config, placed)
+        init_params_from(config, placed)
 
 
 def test_run_from_an_earlier_run_with_a_frozen_encoder(tiny_config, full_run, tmp_path):

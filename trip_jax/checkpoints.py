@@ -2,28 +2,25 @@
 
 A workdir holds:
 
-  config.json                  the run's config
-  encoder_config.json          the encoder's Hugging Face config
-  tokenizer/                   the tokenizer (save_pretrained), so evaluation needs no data
-  checkpoints/latest/STEP/         params + opt_state + meta: the last few, for resuming
-  checkpoints/best_verifiability/STEP/   params + meta: the selected checkpoint (best selection
-                                         score, trip_jax/selection.py; by default verifiability)
-  checkpoints/best_accuracy/STEP/        params + meta: best selection accuracy
+  config.json, encoder_config.json, tokenizer/   the run, so evaluation needs no data or code
+  checkpoints/latest/STEP/          params + opt_state + meta: the last few, for resuming
+  checkpoints/selected/STEP/        params + meta: the checkpoint the selection rule chose
+                                    (highest ``selection_score``, trip_jax/selection.py)
+  checkpoints/best_accuracy/STEP/   params + meta: best selection accuracy
 
-``meta`` (JSON) holds the step, epoch, selection metrics, protocol, the config and the encoder
-config, so every checkpoint directory is self-describing; a config saved by an older version is
-read through ``trip_jax.config.migrate``. Best checkpoints are ranked by the tuple of
-``RANKING[name]`` (ties broken by the next metric), and written only when they improve.
-Orbax writes each step to a temporary directory and renames it when complete (on ``gs://``: writes
-``commit_success.txt`` last), and lists only completed steps, so a run killed while saving leaves
-the previous checkpoints intact and readers never see a step still being written.
+``meta`` (JSON): step, epoch, selection metrics, protocol, config, encoder config and
+``meta["checksums"]`` (``trip_jax.checksums``: every array by tree path, and the rest of meta).
+Best checkpoints rank by the tuple ``RANKING[kind]`` and are written only when strictly better.
+Guarantees: readers see only completed steps (orbax renames a step when complete); restoring
+verifies the checksums first (``DamagedCheckpointError`` names the step, the array and both
+checksums; a checkpoint saved before checksums restores with a warning); resuming falls back to
+the newest intact ``latest`` step (at least ``MIN_KEEP`` are kept). Details:
+docs/reference.md, "Training".
 
-Verified checkpoints: ``meta["checksums"]`` records the checksum of every saved array (by tree
-path, ``trip_jax.checksums``) and of the rest of ``meta``, saved in the same commit. Restoring
-checks them before the weights are used: a mismatch, or a step orbax cannot read, is a
-``DamagedCheckpointError`` naming the step, the array and both checksums. Resuming falls back
-to the newest intact ``latest`` step (at least two are kept) and removes the damaged newer ones.
-Checkpoints saved before checksums were recorded restore with a warning.
+Workdirs written before the rename hold the selected checkpoint in ``checkpoints/
+best_verifiability/`` (``OLD_SELECTED``): where ``selected/`` is absent that folder is read (and a
+resumed run keeps saving there), with one log line; ``best_verifiability`` is still accepted
+wherever a checkpoint is named (``resolve_name``).
 """
 
 from __future__ import annotations
@@ -44,17 +41,20 @@ from trip_jax.config import migrate
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
 
 LATEST = "latest"
-BEST_VERIFIABILITY = "best_verifiability"
+SELECTED = "selected"
 BEST_ACCURACY = "best_accuracy"
 RANKING: dict[str, tuple[str, ...]] = {
-    # The selected checkpoint: the best selection score (trip_jax/selection.py; under the
-    # reference rule it is the verifiability), then the tiers.
-    BEST_VERIFIABILITY: ("selection_score", "verifiability", "consistency", "accuracy"),
+    # The selected checkpoint: the best selection score (trip_jax/selection.py), then the tiers.
+    SELECTED: ("selection_score", "verifiability", "consistency", "accuracy"),
     BEST_ACCURACY: ("accuracy", "consistency", "verifiability"),
 }
-KINDS: tuple[str, ...] = (LATEST, BEST_VERIFIABILITY, BEST_ACCURACY)
+KINDS: tuple[str, ...] = (LATEST, SELECTED, BEST_ACCURACY)
+# The selected checkpoint's folder and name before issue 25; still read and accepted.
+OLD_SELECTED = "best_verifiability"
+# Every name a checkpoint may be given by (--checkpoint, train.init_from_checkpoint).
+NAMES: tuple[str, ...] = (*KINDS, OLD_SELECTED)
 _ITEMS = {LATEST: ("params", "opt_state", "meta"),
-          BEST_VERIFIABILITY: ("params", "meta"), BEST_ACCURACY: ("params", "meta")}
+          SELECTED: ("params", "meta"), BEST_ACCURACY: ("params", "meta")}
 CONFIG_FILE = "config.json"
 ENCODER_CONFIG_FILE = "encoder_config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -134,6 +134,34 @@ def load_tokenizer(workdir: str):
     return load_saved_tokenizer(source)
 
 
+def resolve_name(which: str | int) -> str | int:
+    """The kind (``KINDS``) or step a checkpoint name means: ``OLD_SELECTED`` -> ``SELECTED``,
+    a kind -> itself, a step number (int or digits) -> int; CheckpointError otherwise."""
+    if which == OLD_SELECTED:
+        return SELECTED
+    if which in KINDS:
+        return which
+    if isinstance(which, int) or (isinstance(which, str) and which.isdigit()):
+        return int(which)
+    raise CheckpointError(f"unknown checkpoint {which!r}; expected one of {NAMES} or a step")
+
+
+def kind_directory(workdir: str, kind: str) -> epath.Path:
+    """``WORKDIR/checkpoints/KIND``; for ``SELECTED``, the old folder ``OLD_SELECTED`` where
+    only that one exists (a workdir written before the rename)."""
+    root = epath.Path(workdir) / "checkpoints"
+    if kind == SELECTED and not (root / kind).is_dir() and (root / OLD_SELECTED).is_dir():
+        return root / OLD_SELECTED
+    return root / kind
+
+
+def _log_if_old(directory: epath.Path) -> None:
+    """One log line when ``directory`` is the selected checkpoint's pre-rename folder."""
+    if directory.name == OLD_SELECTED:
+        logging.info("reading the selected checkpoint from %s (the folder's name before it was "
+                     "renamed %s/)", directory, SELECTED)
+
+
 def _manager(workdir: str, kind: str, *, keep: int | None = 1, async_save: bool = False,
              create: bool = True) -> ocp.CheckpointManager:
     # Each manager gets its own barrier key: several managers saving asynchronously in a
@@ -141,7 +169,7 @@ def _manager(workdir: str, kind: str, *, keep: int | None = 1, async_save: bool 
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=create, enable_async_checkpointing=async_save,
         multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=kind))
-    return ocp.CheckpointManager(epath.Path(workdir) / "checkpoints" / kind, options=options,
+    return ocp.CheckpointManager(kind_directory(workdir, kind), options=options,
                                  item_names=_ITEMS[kind])
 
 
@@ -233,7 +261,8 @@ class RunCheckpoints:
 
     def __init__(self, workdir: str, *, keep: int, async_save: bool):
         for kind in KINDS:
-            _remove_unfinished(epath.Path(workdir) / "checkpoints" / kind)
+            _remove_unfinished(kind_directory(workdir, kind))
+        _log_if_old(kind_directory(workdir, SELECTED))
         # At least MIN_KEEP latest steps: a damaged newest one leaves an intact one to resume.
         self.managers = {LATEST: _manager(workdir, LATEST, keep=max(keep, MIN_KEEP),
                                           async_save=async_save)}
@@ -347,30 +376,29 @@ class EvalModel:
     config: ml_collections.ConfigDict
     meta: dict[str, Any]           # step, epoch, selection metrics, protocol, ...
     step: int
-    kind: str                      # the directory it came from
+    kind: str                      # its kind (KINDS), whatever name it was asked by
     mesh: jax.sharding.Mesh
     param_shardings: Any
 
 
 def _find_step(workdir: str, which: str | int) -> tuple[str, int]:
-    """Resolves ``which`` (a checkpoint kind or a step number) to (kind, step)."""
-    if isinstance(which, str) and which not in KINDS and not which.isdigit():
-        raise CheckpointError(f"unknown checkpoint {which!r}; expected one of {KINDS} or a step")
-    kinds = [which] if which in KINDS else list(KINDS)
-    wanted = None if which in KINDS else int(which)
+    """Resolves ``which`` (a name of ``NAMES`` or a step number) to (kind, step): a kind's
+    newest step, or the first kind of ``KINDS`` that holds the step."""
+    resolved = resolve_name(which)
+    kinds = [resolved] if resolved in KINDS else list(KINDS)
+    wanted = None if resolved in KINDS else resolved
     found = {}
     for kind in kinds:
-        directory = epath.Path(workdir) / "checkpoints" / kind
+        directory = kind_directory(workdir, kind)
         if not directory.is_dir():
             continue
         manager = _manager(workdir, kind, keep=None, create=False)
         steps = manager.all_steps()
         manager.close()
         found[kind] = steps
-        if wanted is None and steps:
-            return kind, max(steps)
-        if wanted in steps:
-            return kind, wanted
+        if (wanted is None and steps) or wanted in steps:
+            _log_if_old(directory)
+            return kind, max(steps) if wanted is None else wanted
     listing = "; ".join(f"{k}: {sorted(s) or 'none'}" for k, s in found.items()) or "none"
     raise CheckpointError(f"no checkpoint {which!r} in {epath.Path(workdir) / 'checkpoints'} "
                           f"(found {listing}); train first with "
@@ -384,12 +412,13 @@ def _eval_mesh(fsdp: int) -> jax.sharding.Mesh:
     return sharding.create_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=fsdp)))
 
 
-def restore_for_eval(workdir: str, which: str | int = BEST_VERIFIABILITY, *,
+def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                      mesh: jax.sharding.Mesh | None = None,
                      config: ml_collections.ConfigDict | None = None) -> EvalModel:
     """Rebuilds a trained model from ``workdir`` alone, ready to evaluate or predict.
 
-    ``which``: "best_verifiability" (default), "best_accuracy", "latest" or a step number.
+    ``which``: "selected" (default; "best_verifiability" is its old name), "best_accuracy",
+    "latest" or a step number.
     Parameters are restored with the shardings of ``mesh`` (default: every current device, with
     the training run's fsdp size where it divides the device count), so a device count other
     than the training run's works. With ``config``, a checkpoint trained with a different model

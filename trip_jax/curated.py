@@ -1,17 +1,13 @@
 """The curated marker: which pairs HAR's curated files hold, and the tiers split by it.
 
-HAR (Heuristic-Analytic Reasoning) publishes a subset of TRIP's pairs per split as
-``{split}_curated.har.jsonl`` (``MARKER_FILE``); in nearly all of them the gold states hold a
-same-attribute flip between the evidence and the breakpoint sentence, in the other pairs none
-(docs/results.md, "Verifiability levers on the held-out slice"). A pair is *curated* when its two
-stories' sentences, in order, equal those of a pair of the marker file of the split it was read
-from (``source_split``: the held-out slice and ``dev_train``'s training pairs come from dev);
-every other pair is *implicit*. Matching by content works whatever file format and pair ids the
-split was read with.
-
-``marker_split(records, curated)`` gives accuracy / consistency / verifiability (of the chosen
-decoding and of every decoding in the records' ``by_decoding``) for each half; with no marker
-file it says so (``found`` False) and never fails.
+HAR publishes a subset of TRIP's pairs per split as ``{split}_curated.har.jsonl``
+(``MARKER_FILE``). A pair is *curated* when its two stories' sentences, in order, equal those of
+a pair of the marker file of the split it was read from (``source_split``: the held-out slice and
+``dev_train``'s training pairs come from dev), *implicit* otherwise; matching by content works
+whatever file format and pair ids the split was read with. ``marker_split(records, curated)``
+gives accuracy / consistency / verifiability (of the chosen decoding and of every decoding in the
+records' ``by_decoding``) for each half; with no marker file it says so (``found`` False) and
+never fails. What the curated pairs are: docs/reference.md, "Metrics".
 """
 
 from __future__ import annotations

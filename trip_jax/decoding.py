@@ -1,56 +1,27 @@
-"""Turning the model's outputs into a prediction: the reference decoding and coherent decoding.
+"""Reading the model's outputs as a prediction: the reference decoding and coherent decoding.
 
-Pure numpy (no JAX). Both decodings read the eval step's outputs of N pairs (pair axis first,
-the batch contract's names) and return the four predictions the metrics score: ``story_pred``
-[N], ``conflict_prob`` [N, 2, E, S], ``pre_pred`` and ``eff_pred`` [N, 2, E, S, 20].
+Pure numpy. ``decode(arrays, config)`` takes the eval step's outputs of N pairs (pair axis first,
+batch-contract names) and returns the four arrays the metrics score: ``story_pred`` [N],
+``conflict_prob`` [N, 2, E, S], ``pre_pred`` and ``eff_pred`` [N, 2, E, S, 20].
 
-- **reference** (the paper's): each tier is read on its own. The story is the model's
-  ``story_pred``, the conflicting sentences are those whose belief reaches 0.5, the states are
-  each head's argmax. Nothing ties the three together: a predicted conflict need not be backed by
-  any predicted state, and the story need not be the one without a conflict.
+- ``reference``: the model's ``story_pred`` and ``conflict_prob``, each state head's argmax.
+- ``coherent``: a backed contradiction c = (story k, entity e, binary attribute a, sentences
+  i < j, value v) scores (``contradiction_scores``; c[k, e, s] the conflict logits)::
 
-- **coherent**: the story, the conflicting pair and the states behind it are one decision. A
-  *backed contradiction* in story k is an entity e, a binary attribute a (one of the 18 that are
-  not a location), sentences i < j and a value v in {false, true}, read as "the effect of
-  sentence i sets a of e to v, and sentence j needs a of e to be the other value". Its score is
-  the log-probability the model gives to those two states,
+      s(c) = log P(eff[k,e,i,a] = v) + log P(pre[k,e,j,a] = not v)
+             + [persistence] sum_{i<m<j} log(1 - P(eff[k,e,m,a] = not v))
+             + conflict_weight * (log sigmoid(c[k,e,i]) + log sigmoid(c[k,e,j]))
 
-      log P(eff[k, e, i, a] = v) + log P(pre[k, e, j, a] = not v)
-      + sum over i < m < j of log(1 - P(eff[k, e, m, a] = not v))   (``persistence``: nothing
-                                                                     in between sets it back)
-      + conflict_weight * (log sigmoid(conflict_logit[k, e, i]) + log sigmoid(... j])).
+  The implausible story is argmax_k logsumexp_c s(c) over story k's candidates (equal: the
+  reference ``story_pred`` decides); the conflicting pair is the (i, j) of its best candidate
+  (first in C order: entity, i, j, attribute, v false then true). States are read by
+  ``read_states`` (``state_threshold``, ``alias_states``), then the implausible story's states
+  at i and j by ``conflict_state_threshold``, then the two backing cells are set to the
+  candidate's values: a decoded conflict is always backed by decoded states. Beliefs are 1 at i
+  and j of that story for every entity with a non-zero decoded state there, 0 elsewhere.
 
-  A story's evidence of implausibility is the log of the summed probability of all its backed
-  contradictions (log-sum-exp of their scores): the sentences both stories share give both the
-  same candidates, which then cannot decide between them, so the choice rests on what differs.
-  The implausible story is the one with the stronger evidence; the conflicting pair is the
-  (i, j) of its best backed contradiction; the states are each head's argmax (read with the
-  two state options below) except the two backing cells, which take the contradiction's values
-  (so the predicted conflict is always backed by the predicted states that the metrics score).
-  The decoded beliefs are 1 at sentences i and j of story k for every entity with a non-zero
-  decoded state at i or j (the rule by which the gold conflict labels are made; the backing
-  entity is always one) and 0 elsewhere.
-
-  Two options read the states themselves (off by default; the ``coherent`` preset turns both
-  on): ``state_threshold`` asserts a state only when the head gives its class at least that
-  probability (below it the cell decodes to 0, "unknown": a 30% guess among 9 location classes
-  is no explanation); ``alias_states`` gives an object named twice in a story (one entity name
-  inside the other, e.g. "TV" and "John's TV") its nontrivial states under one name only: at
-  each sentence and attribute, the name whose prediction is most probable keeps it (the data
-  annotates a state under one of the names, almost never under both). The backing cells are
-  set after both, so a decoded conflict stays backed.
-
-  ``conflict_state_threshold`` (off by default; measured in docs/results.md, "Verifiability
-  levers on the held-out slice") asserts an effect at the decoded evidence sentence and a
-  precondition at the decoded breakpoint (the implausible story, every entity) only when the
-  head gives its class at least that probability; the backing cells are still set, and the
-  story and the conflicting pair do not change.
-
-  Ties are broken deterministically: within a story, the first best contradiction in the order
-  (entity, evidence i, breakpoint j, attribute, value false-then-true) wins; when both stories
-  have the same evidence (identical stories, or neither has two sentences of one entity), the
-  reference ``story_pred`` decides the story, and the other story's best contradiction (if any)
-  is decoded.
+Every rule and the reasons for it: docs/reference.md, "Decoding"; measured effects:
+docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,19 @@
 """The evaluator: scoring parameters on story pairs, and the reports of a checkpoint.
 
 ``Evaluator(eval_step, pairs, encoded, layout, batch_size, mesh).run(params)`` runs the jitted
-eval step (``make_eval_step``: predictions, labels and losses) over the pairs' batches, gathers
-every pair's outputs in dataset order (``predict``: the one eval loop, used by ``--mode=predict``
-too) and scores them with ``metrics.tiered_metrics``. Training's selection and final test
-scoring, ``--mode=evaluate``, ``--mode=predict`` and the benchmarks all use it.
+eval step (``make_eval_step``: predictions, labels, losses) over the pairs' batches, gathers every
+pair's outputs in dataset order (``predict``, the one eval loop) and scores them with
+``metrics.tiered_metrics``; training's selection and test scoring, ``--mode=evaluate``,
+``--mode=predict`` and the benchmarks all use it.
 
 ``evaluate_checkpoint(config, workdir, which, split)`` (``--mode=evaluate``) rebuilds the model
-from the workdir alone (``checkpoints.restore_for_eval``: the saved config, encoder config and
-tokenizer), reads ``split`` of the protocol that ``config.data`` describes, scores it and writes
-under ``WORKDIR/eval/``, with ``CHECKPOINT`` the checkpoint's kind and step (e.g.
-``test.best_verifiability-1016.json``, so evaluations of two checkpoints never overwrite each
-other):
-
-- ``SPLIT.CHECKPOINT.json``: checkpoint kind and step, protocol, data files' sha256, every metric;
-- ``SPLIT.CHECKPOINT.predictions.jsonl``: one line per pair: its outcome
-  (``metrics.outcome_record``: correct / consistent / verifiable, predicted and gold conflict
-  sets) and its explanation (``explain.explain_pair``: predicted story, conflicting pair, the
-  states behind it, in words);
-- ``SPLIT.CHECKPOINT.md``: the layout of Tables 2-4, with the random baseline on the same pairs
-  as a row, and the tiers of the curated and the implicit pairs (``curated``: HAR's marker file
-  in the data directory; "marker not found" without it);
-- ``SPLIT.CHECKPOINT.failure_modes.png`` and ``SPLIT.CHECKPOINT.attributes.png``.
-
-``config`` supplies the data (directory, protocol, pair limit) and the batching; its model must be
-the checkpoint's (else ``checkpoints.CheckpointError``). Training's final test reports are written
-by ``write_checkpoint_report`` too, so both paths give the same files.
-
-``random_baseline_report(config, workdir, split)`` (``--mode=random_baseline``) writes the report
-of the random baseline (``trip_jax.random_baseline``; every metric averaged over the seeds) as
-``WORKDIR/eval/random_baseline.SPLIT.*``; it needs no checkpoint.
+from the workdir alone (``checkpoints.restore_for_eval``), scores ``split`` of the protocol that
+``config.data`` describes (its model must be the checkpoint's, else ``CheckpointError``) and
+writes ``write_checkpoint_report``'s files as ``WORKDIR/eval/SPLIT.KIND-STEP.*`` (e.g.
+``test.selected-1016.json``: two checkpoints never overwrite each other): the report set of
+``trip_jax.reports.write_report`` with per-pair outcomes and explanations. Training's final test
+reports come from the same function. ``random_baseline_report(config, workdir, split)``
+(``--mode=random_baseline``) writes ``WORKDIR/eval/random_baseline.SPLIT.*``; no checkpoint.
 """
 
 from __future__ import annotations
@@ -328,14 +312,15 @@ def marker_split(splits: protocol.ProtocolSplits, split: str, pairs: Sequence[St
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
-                        which: str | int = checkpoints.BEST_VERIFIABILITY,
+                        which: str | int = checkpoints.SELECTED,
                         split: str = "test", *, progress: bool = False) -> dict[str, Any]:
     """Scores checkpoint ``which`` of ``workdir`` on ``split`` and writes ``WORKDIR/eval/``.
 
     Args:
       config: the run's config (or one with the same model): data location, protocol, batching.
       workdir: the training run's directory.
-      which: "best_verifiability", "best_accuracy", "latest" or a step number.
+      which: a name of ``checkpoints.NAMES`` ("selected", "best_accuracy", "latest", ...) or
+        a step number.
       split: "test", the protocol's selection split ("dev" / "dev_holdout") or "train".
       progress: show a progress bar over the eval batches.
 

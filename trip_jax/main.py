@@ -5,7 +5,7 @@ checkpoints on test. Config keys are overridden with ``--config.SECTION.KEY=VALU
 key is an error. Multi-process runs (SLURM, Cloud TPU, explicit TRIP_* variables) are joined
 first (``trip_jax.distributed``). Other modes, on a trained workdir:
 
-- ``--mode=evaluate [--checkpoint=best_verifiability|best_accuracy|latest|STEP] [--split=test]``:
+- ``--mode=evaluate [--checkpoint=selected|best_accuracy|latest|STEP] [--split=test]``:
   scores a checkpoint (with a progress bar), writes ``DIR/eval/SPLIT.KIND-STEP.*``
   (``trip_jax.evaluate``);
 - ``--mode=predict --input=FILE [--output=FILE] [--checkpoint=...]``: explains new story pairs
@@ -99,9 +99,10 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     config_flags.DEFINE_config_file(
         "config", None, "A config file (configs/*.py[:loss_preset]).", flag_values=values,
         lock_config=True, sys_argv=sys_argv)
-    flags.DEFINE_string("checkpoint", checkpoints.BEST_VERIFIABILITY,
-                        "evaluate/predict: the checkpoint to use: best_verifiability, "
-                        "best_accuracy, latest or a step number.", flag_values=values)
+    flags.DEFINE_string("checkpoint", checkpoints.SELECTED,
+                        "evaluate/predict: the checkpoint to use: selected (old name: "
+                        "best_verifiability), best_accuracy, latest or a step number.",
+                        flag_values=values)
     flags.DEFINE_string("split", "test", "evaluate/random_baseline: the split to score: test, "
                         "the protocol's selection split (dev or dev_holdout) or train.",
                         flag_values=values)
@@ -124,9 +125,9 @@ SPLIT_NAMES = (*readers.SPLITS, "dev_holdout")
 def check_flags(values: flags.FlagValues) -> None:
     """Checks the flags that depend on each other or have a fixed set of values."""
     which = values.checkpoint
-    if which not in checkpoints.KINDS and not which.isdigit():
+    if which not in checkpoints.NAMES and not which.isdigit():
         raise cli.UsageError("--checkpoint: " + cli.unknown_choice(
-            "checkpoint", which, [*checkpoints.KINDS, "STEP"]))
+            "checkpoint", which, [*checkpoints.NAMES, "STEP"]))
     if values.split not in SPLIT_NAMES:
         raise cli.UsageError("--split: " + cli.unknown_choice("split", values.split, SPLIT_NAMES))
     if values.mode == "predict" and not values.input:

@@ -1,44 +1,24 @@
-"""TRIP's tiered metrics in pure numpy (docs/reference.md, "Metrics"): accuracy, consistency,
-verifiability, F1s.
+"""TRIP's tiered metrics in pure numpy: accuracy, consistency, verifiability, F1s.
 
-Inputs (``TieredArrays``) follow the batch contract with the pair axis first: N pairs, 2 stories,
-E entities, S sentences, 20 attributes. Stories of a pair may have different entity and sentence
-counts, so every array is padded and ``mask`` (bool [N, 2, E, S], the contract's ``row_mask``)
-says which (entity, sentence) rows are real. Callers drop padding *pairs* before calling (keep
-``pair_mask``).
+Inputs (``TieredArrays``): the batch contract's arrays, pair axis first (N pairs, 2 stories,
+E entities, S sentences, 20 attributes), padded; ``mask`` (bool [N, 2, E, S], the contract's
+``row_mask``) marks the real rows. Callers drop padding *pairs* first. Per pair, with the
+implausible story k = 1 - story_label:
 
-Per pair, with the implausible story k = 1 - story_label:
+- correct: story_pred == story_label;
+- conflict set: {s : conflict_prob >= 0.5 on a real row of any story and entity} (predicted),
+  {s : conflict_label == 1} (gold); conflict correct: the sets are equal and hold two sentences;
+- states correct: in story k, every *nontrivial* prediction (non-zero, not the attribute's
+  default) of any real entity's effect at i and precondition at j equals its gold label, and at
+  least one exists;
+- consistent = correct and conflict correct; verifiable = consistent and states correct (so
+  accuracy >= consistency >= verifiability).
 
-- **correct**: ``story_pred == story_label``.
-- **conflict set**: the sentence indices s with ``conflict_prob >= 0.5`` on a real row of *any*
-  story and entity (predicted), or with ``conflict_label == 1`` (gold). The gold set of a pair is
-  {i, j} (evidence i < breakpoint j); a pair whose gold set does not have exactly two sentences
-  can never be scored conflict-correct.
-- **conflict correct**: predicted set == gold set and both have exactly two sentences.
-- **states correct**: in story k, over all real entities, every *nontrivial* prediction (non-zero
-  and not the attribute's default value) of the effects at i and of the preconditions at j equals
-  its gold label, and at least one such prediction exists. A correct prediction of the default
-  value is ignored: it neither supports nor breaks verifiability.
-- **consistent** = correct and conflict correct; **verifiable** = consistent and states correct;
-  so accuracy >= consistency >= verifiability always.
-
-Macro-F1 (Table 4): for each attribute, over the real rows of both stories, the F1 of every class
-that occurs in the gold labels or the predictions (scikit-learn's ``average="macro"`` rule; a
-class predicted but never gold scores 0), averaged over those classes; ``precondition_f1`` and
-``effect_f1`` average the 20 per-attribute scores. ``conflict_f1`` is the same macro-F1 over the
-classes {0, 1} of the thresholded conflict beliefs at real (story, entity, sentence) rows;
-``conflict_f1_positive`` is the F1 of class 1 alone.
-
-Failure modes (Figure 3): every pair falls in one of 8 cells story right/wrong x conflict
-right/wrong x states right/wrong, with "conflict" and "states" as defined above (independent of
-the story prediction). Tier losses: the share of pairs lost at each tier in turn (story wrong;
-story right, conflict wrong; consistent, states wrong; verifiable), and for the consistent but
-not verifiable pairs the attributes whose effect at i or precondition at j was wrong.
-
-State contribution (Figure 5): per attribute, the nontrivial correct state predictions
-(preconditions and effects, real rows, both stories), and how many of them sit in a correctly
-detected conflict: a *consistent* pair, in its implausible story, at the evidence or breakpoint
-sentence.
+Macro-F1 (Table 4): per attribute, over the real rows of both stories, the mean F1 of the
+classes in gold or prediction (scikit-learn's ``average="macro"``); ``precondition_f1`` and
+``effect_f1`` average the 20; ``conflict_f1`` the same over {0, 1} of the thresholded beliefs,
+``conflict_f1_positive`` class 1 alone. Failure modes (Figure 3): the 8 cells story x conflict x
+states right/wrong; tier losses and Figure 5's state contribution: docs/reference.md, "Metrics".
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
-"""Optimizers by name: optax's AdamW, or the AdamW of the reference (``transformers.AdamW``).
+"""The optimizer of a run: AdamW by name, gradient clipping, the learning-rate schedule.
 
-The two differ only in where epsilon sits. optax (like ``torch.optim.AdamW``) divides the
-bias-corrected moments::
+``make_optimizer(config.train, total_steps)`` returns (optimizer, encoder schedule). ``adamw``:
+"adamw" is optax's (like ``torch.optim.AdamW``)::
 
     update = lr * m_hat / (sqrt(v_hat) + eps),  m_hat = m / (1 - b1^t),  v_hat = v / (1 - b2^t)
 
-``transformers.AdamW`` (transformers 4.x, which the reference trained with) adds eps to the raw
-sqrt(v) and folds both bias corrections into the step size::
+"hf_adamw" is ``transformers.AdamW`` (transformers 4.x, the reference's)::
 
     step_size = lr * sqrt(1 - b2^t) / (1 - b1^t)
     p <- p - step_size * m / (sqrt(v) + eps)
     p <- p - lr * weight_decay * p          (after the Adam step, on the updated p)
 
-so its effective epsilon is eps / sqrt(1 - b2^t): 3.2e-5 instead of 1e-6 at step 1 for
-eps = 1e-6, b2 = 0.999. ``clip_by_global_norm`` likewise has two forms: optax's scales by
-max_norm / norm when norm > max_norm; ``torch.nn.utils.clip_grad_norm_`` (the reference's) by
-max_norm / (norm + 1e-6) whenever that is below 1.
+``clip_by_global_norm`` scales by max_norm / norm when norm > max_norm (optax, with "adamw") or
+by min(1, max_norm / (norm + 1e-6)) (``torch.nn.utils.clip_grad_norm_``, with "hf_adamw").
+What the difference amounts to: docs/exact-mode.md.
 """
 
 from __future__ import annotations
@@ -27,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trip_jax.config.sections import Optimizer, choices_of
+from trip_jax.config.sections import Optimizer, Schedule, choices_of
 
 OPTIMIZERS: tuple[str, ...] = choices_of(Optimizer)  # train.optimizer
+SCHEDULES: tuple[str, ...] = choices_of(Schedule)  # train.schedule
 # torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing.
 TORCH_CLIP_EPS = 1e-6
 
@@ -127,3 +126,57 @@ def clip_by_global_norm(name: str, max_norm: float) -> optax.GradientTransformat
     if name == "adamw":
         return optax.clip_by_global_norm(max_norm)
     raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
+
+
+def learning_rate_schedule(train_config, total_steps: int, lr: float | None = None
+                           ) -> optax.Schedule:
+    """The learning rate per step: constant, or linear warm-up then linear/cosine decay to 0;
+    peak ``lr`` (default ``train_config.learning_rate``)."""
+    lr = train_config.learning_rate if lr is None else lr
+    kind = train_config.schedule
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown train.schedule {kind!r}; expected one of {SCHEDULES}")
+    if kind == "constant":
+        return optax.constant_schedule(lr)
+    warmup = max(1, min(total_steps - 1, round(train_config.warmup_fraction * total_steps)))
+    if kind == "warmup_cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1))
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, warmup),
+         optax.linear_schedule(lr, 0.0, max(1, total_steps - warmup))], [warmup])
+
+
+def make_optimizer(train_config, total_steps: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW, global-norm clipping (docs/reference.md "Training"); returns (optimizer, encoder lr
+    schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
+    (state heads, projections, detector: trained from scratch) their own peak rate;
+    ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
+    schedule = learning_rate_schedule(train_config, total_steps)
+
+    # train.optimizer: "adamw" (optax) or "hf_adamw" (transformers.AdamW, the reference's).
+    name = train_config.optimizer
+
+    def configured(rate):
+        return adamw(name, rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                     eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
+
+    if train_config.head_learning_rate > 0 or train_config.freeze_encoder:
+        # head_learning_rate 0 (None here): the heads share the encoder's peak rate.
+        heads = learning_rate_schedule(train_config, total_steps,
+                                       train_config.head_learning_rate or None)
+        encoder = optax.set_to_zero() if train_config.freeze_encoder else configured(schedule)
+        tx = optax.multi_transform({"encoder": encoder, "heads": configured(heads)},
+                                   _encoder_or_heads)
+    else:
+        tx = configured(schedule)
+    if train_config.grad_clip_norm > 0:
+        clip = clip_by_global_norm(name, train_config.grad_clip_norm)
+        return optax.chain(clip, tx), schedule
+    return tx, schedule
+
+
+def _encoder_or_heads(params) -> dict:
+    """Labels the top-level parameter groups for ``optax.multi_transform``."""
+    return {name: jax.tree.map(lambda _: "encoder" if name == "encoder" else "heads", group)
+            for name, group in params.items()}

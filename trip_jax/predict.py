@@ -208,7 +208,7 @@ def _pair(request: Request, names: tuple) -> StoryPair:
 
 def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: str,
                  output_path: str | None = None,
-                 which: str | int = checkpoints.BEST_VERIFIABILITY) -> dict[str, Any]:
+                 which: str | int = checkpoints.SELECTED) -> dict[str, Any]:
     """Answers every good line of ``input_path`` with checkpoint ``which`` (module docstring).
 
     Returns {"answers": [record], "problems": {line: message} in line order, "output": the path
@@ -283,7 +283,7 @@ def describe(answer: dict[str, Any]) -> str:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, input_path: str,
-        output_path: str | None = None, which: str | int = checkpoints.BEST_VERIFIABILITY
+        output_path: str | None = None, which: str | int = checkpoints.SELECTED
         ) -> dict[str, Any]:
     """``--mode=predict``: prints every problem (stderr) and answer (stdout), writes the JSON.
 

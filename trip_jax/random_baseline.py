@@ -1,31 +1,18 @@
 """The random tiered baseline of Tables 2-3: random predictions at every tier, averaged over seeds.
 
-Sampling, per pair and seed (scheme ``"tiered"``, the default):
+Sampling, per pair and seed, scheme ``"tiered"`` (the default):
 
 - story: the plausible story is 0 or 1 with probability 1/2;
-- conflict: in the story predicted implausible, one pair of distinct real sentences (i < j),
-  uniform over all pairs, flagged (belief 1) for one real entity drawn uniformly; nothing else
-  is flagged. This is a prediction the tiered model could make: its story choice follows from
-  where it puts conflict beliefs;
-- states: every precondition and effect of every real (entity, sentence) row of both stories is
-  drawn uniformly from its attribute's classes (3, or 9 for ``location``).
+- conflict: in the story predicted implausible, one pair of distinct real sentences i < j,
+  uniform over all pairs, flagged (belief 1) for one uniform real entity; nothing else flagged;
+- states: every precondition and effect of every real (entity, sentence) row of both stories
+  uniform over its attribute's classes (3, or 9 for ``location``).
 
-Scheme ``"reference"`` samples conflicts as the authors' notebook did for the paper's figure: for
-*every* real entity of the *gold* implausible story, two distinct sentences drawn uniformly (story
-and states as above). Scored as docs/reference.md, "Metrics", defines it (exact conflict set, over
-all entities and both stories) it almost never matches: the union of many random pairs covers most
-sentences. The paper's 49.5 / 10.7 / 0.0 on test came from that notebook's own scoring, which
-compared only the two smallest predicted sentences with the gold pair and did not require the story
-to be right for consistency; ``tiered_metrics`` does neither. Both schemes are scored by
-``trip_jax.metrics.tiered_metrics`` only.
-
-Measured on ``test.cgli.jsonl`` (351 pairs, seeds 0-9), accuracy / consistency / verifiability:
-``tiered`` 50.7 / 5.0 / 0.0 (consistency is expected near 1/2 x 1/C(S, 2) = 4.9% for 5-7
-sentence stories), ``reference`` 50.7 / 0.0 / 0.0; paper: 49.5 / 10.7 / 0.0.
-
-Entry point: ``python -m trip_jax.main --mode=random_baseline --config=... --workdir=DIR
-[--split=test]`` (``trip_jax.evaluate.random_baseline_report``) prints ``summary`` and writes the
-report of the averaged metrics.
+Scheme ``"reference"`` (the authors' notebook): story and states as above; conflicts: for every
+real entity of the *gold* implausible story, two distinct uniform sentences. Both schemes are
+scored by ``trip_jax.metrics.tiered_metrics`` only (docs/reference.md, "Metrics"; the measured
+scores and the paper's: docs/results.md). ``--mode=random_baseline``
+(``trip_jax.evaluate.random_baseline_report``) prints ``summary`` and writes the report.
 """
 
 from __future__ import annotations

@@ -2,31 +2,19 @@
 
 ``python -m trip_jax.score --predictions=FILE --out=DIR [--format=auto|authors|trip_jax|minimal]
 [--data_dir=DIR | --data_file=FILE] [--split=test] [--scheme=paper] [--missing=error|wrong]
-[--name=ROW]`` reads the predictions (``trip_jax.prediction_formats``), matches every entry to a
-pair of the TRIP split (``trip_jax.prediction_matching``; gold labels from the data, any format
-the readers take), scores them with ``metrics.scored_pairs`` and writes what ``--mode=evaluate``
-writes (``reports.write_report``:
-``DIR/SPLIT.json``, ``.md``, ``.failure_modes.png``, ``.attributes.png``, ``.predictions.jsonl``,
-with the random baseline of the same pairs as a row, and the tiers of HAR's curated and implicit
-pairs, ``trip_jax.curated``). It prints one line: the three tiers in percent and the number of
-pairs. docs/scoring.md has the formats and a worked example.
+[--name=ROW]`` reads the entries (``trip_jax.prediction_formats``), matches each to a pair of the
+split (``trip_jax.prediction_matching``: by pair id in any form, else by the stories' text; gold
+labels from the data), scores them with ``metrics.scored_pairs`` and writes what
+``--mode=evaluate`` writes (``reports.write_report``, with the random baseline of the same pairs
+and the curated / implicit tiers); it prints the three tiers in percent and the pair count.
 
-Matching: by pair id in any of its forms (the authors' ``257-C0``, the CGLI copy's
-``257-C0-257-C0``, either story's id), else by the two stories' text; where the file gives the
-texts, a pair whose stories come in the other order has its story indices swapped.
-
-Rules (the contract): every problem with the input (malformed entry, unknown pair id, entity,
-attribute or value word, sentence index out of range, duplicate pair or state, pairs of the split
-absent from the file unless ``--missing=wrong``) is one ``error: ...`` line on stderr naming the
-line or element and the field, up to ``MAX_PROBLEMS``, and the exit status is 2; nothing is
-scored then. Gold labels or outcome flags that the file carries and that differ from the data's
-(or from this scoring) are not errors: each is listed under ``disagreements`` in the JSON report,
-counted in the Markdown and on stderr.
-
-What a predictions file cannot give is reported as not applicable (``None`` in the JSON, "–" in
-the tables), never estimated: the macro-F1s (they need a label for every entity, sentence and
-attribute, and a conflict belief for every entity; the files state sentences and some states) and
-the decodings side by side (they need the model's logits).
+Guarantees: any problem with the input (malformed entry, unknown pair, entity, attribute or value,
+sentence out of range, duplicate, pairs of the split missing unless ``--missing=wrong``) is one
+``error: ...`` line naming the line or element and the field (at most ``MAX_PROBLEMS``), exit
+status 2, nothing scored. Gold labels or outcome flags of the file that differ from the data's
+are listed under ``disagreements``, not errors. What a file cannot give (the macro-F1s, the
+decodings side by side) is ``None`` / "–", never estimated. Formats and a worked example:
+docs/scoring.md.
 """
 
 from __future__ import annotations

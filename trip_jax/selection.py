@@ -1,22 +1,15 @@
-"""Checkpoint selection: which held-out evaluation's parameters become the selected checkpoint.
+"""Checkpoint selection: the ``selection_score`` of each held-out evaluation.
 
-Every selection evaluation gets a ``selection_score``; the selected checkpoint
-(``checkpoints/best_verifiability``) is the one of the highest score, ties broken by
-verifiability, then consistency, then accuracy (``checkpoints.RANKING``). The rules
-(``config.train.selection``):
+The selected checkpoint (``checkpoints/selected``) is the evaluation of the highest score, ties
+broken by verifiability, consistency, accuracy (``checkpoints.RANKING``). With h the last
+``window`` entries of the history (oldest first), ``config.train.selection`` gives:
 
-- ``verifiability`` (the reference): the evaluation's verifiability.
-- ``smoothed``: the mean of consistency + verifiability over the last ``window`` evaluations.
-  On a held-out slice of 68 pairs one pair moves a tier by 1.5 points, and the reference rule
-  picks whichever evaluation got lucky on a few pairs; the sum of two tiers and the mean over
-  neighbouring evaluations move less. An evaluation whose window is not yet full (the first
-  ``window - 1`` of a run) scores its partial mean minus ``PARTIAL_WINDOW_PENALTY``: a mean
-  over fewer evaluations is noisier, so it would win the maximum by luck more often (a
-  MiniLM run here selected its epoch-1 checkpoint that way, docs/results.md). It still ranks
-  the evaluations of a run shorter than its window among themselves.
+- ``verifiability`` (the reference): the last evaluation's verifiability;
+- ``smoothed``: mean over h of (consistency + verifiability), minus ``PARTIAL_WINDOW_PENALTY``
+  while h holds fewer than ``window`` entries (so a partial window ranks below every full one).
 
-The history the smoothed score needs is kept in the latest checkpoint's metadata, so a resumed
-run scores its evaluations as an uninterrupted one (and every process computes the same score).
+The history lives in the latest checkpoint's metadata, so a resumed run scores as an
+uninterrupted one. Why these rules: docs/reference.md, "Decoding" (selection paragraph).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Training: train state, optimizer, the jitted train step, the loop, and the final test report.
+"""Training: the loop, from a config and a workdir to the final test reports.
 
 ``train_and_evaluate(config, workdir)`` trains on the protocol's train pairs, evaluates on its
 selection pairs after every epoch (and every ``eval_every_steps``) with ``evaluate.Evaluator``,
-keeps the latest and the best checkpoints, then scores the best-verifiability and best-accuracy
+keeps the latest and the best checkpoints, then scores the selected and best-accuracy
 checkpoints on test and writes the reports (``evaluate.write_checkpoint_report``). Data comes from
-``trip_jax.input_pipeline``; ``build_trainer`` assembles the model's optimizer, state shardings and
-jitted steps (the benchmarks use it too). Re-running the same command resumes from the latest
+``trip_jax.input_pipeline``; the optimizer, state shardings and jitted steps from
+``trip_jax.training.step.build_trainer``. Re-running the same command resumes from the latest
 checkpoint and reaches the same parameters as an uninterrupted run: the data order depends only on
 (seed, epoch) and the dropout key only on (seed, step).
 
@@ -15,283 +15,29 @@ Outputs in the workdir: ``metrics.jsonl`` and ``tensorboard/`` (``trip_jax.metri
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import (builders, checkpoints, decoding, evaluate, input_pipeline, losses,
-                      optimizers, selection, sharding, workdir_lock)
+from trip_jax import (builders, checkpoints, decoding, evaluate, input_pipeline, selection,
+                      sharding, workdir_lock)
 from trip_jax.input_pipeline import RunData
 from trip_jax.metric_log import MetricLog
-
-SCHEDULES: tuple[str, ...] = ("constant", "warmup_linear", "warmup_cosine")
-
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything that changes during training: step counter, parameters, optimizer state."""
-
-    step: jax.Array
-    params: Any
-    opt_state: Any
+from trip_jax.training.state import TrainState, init_params_from
+from trip_jax.training.step import Trainer, build_trainer
 
 
 class TrainingDiverged(FloatingPointError):
     """The loss (or the gradient or parameter norm) became NaN or infinite."""
-
-
-# ------------------------------------------------------------------------------------------
-# Optimizer and train state.
-
-def learning_rate_schedule(train_config, total_steps: int, lr: float | None = None
-                           ) -> optax.Schedule:
-    """The learning rate per step: constant, or linear warm-up then linear/cosine decay to 0;
-    peak ``lr`` (default ``train_config.learning_rate``)."""
-    lr = train_config.learning_rate if lr is None else lr
-    kind = train_config.schedule
-    if kind not in SCHEDULES:
-        raise ValueError(f"unknown train.schedule {kind!r}; expected one of {SCHEDULES}")
-    if kind == "constant":
-        return optax.constant_schedule(lr)
-    warmup = max(1, min(total_steps - 1, round(train_config.warmup_fraction * total_steps)))
-    if kind == "warmup_cosine":
-        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1))
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warmup),
-         optax.linear_schedule(lr, 0.0, max(1, total_steps - warmup))], [warmup])
-
-
-def make_optimizer(train_config, total_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW, global-norm clipping (docs/reference.md "Training"); returns (optimizer, encoder lr
-    schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
-    (state heads, projections, detector: trained from scratch) their own peak rate;
-    ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
-    schedule = learning_rate_schedule(train_config, total_steps)
-
-    # train.optimizer: "adamw" (optax) or "hf_adamw" (transformers.AdamW, the reference's).
-    name = train_config.optimizer
-
-    def adamw(rate):
-        return optimizers.adamw(name, rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
-                                eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
-
-    if train_config.head_learning_rate > 0 or train_config.freeze_encoder:
-        # head_learning_rate 0 (None here): the heads share the encoder's peak rate.
-        heads = learning_rate_schedule(train_config, total_steps,
-                                       train_config.head_learning_rate or None)
-        encoder = optax.set_to_zero() if train_config.freeze_encoder else adamw(schedule)
-        adamw = optax.multi_transform({"encoder": encoder, "heads": adamw(heads)},
-                                      _encoder_or_heads)
-    else:
-        adamw = adamw(schedule)
-    if train_config.grad_clip_norm > 0:
-        clip = optimizers.clip_by_global_norm(name, train_config.grad_clip_norm)
-        return optax.chain(clip, adamw), schedule
-    return adamw, schedule
-
-
-def _encoder_or_heads(params) -> dict:
-    """Labels the top-level parameter groups for ``optax.multi_transform``."""
-    return {name: jax.tree.map(lambda _: "encoder" if name == "encoder" else "heads", group)
-            for name, group in params.items()}
-
-
-def _check_encoder_params(expected, given, source: str) -> None:
-    """Raises a clear error when pretrained encoder parameters do not fit the model."""
-    def shapes(tree):
-        return {jax.tree_util.keystr(k): tuple(np.shape(v))
-                for k, v in jax.tree_util.tree_leaves_with_path(tree)}
-
-    want, got = shapes(expected), shapes(given)
-    bad = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
-    if bad:
-        raise ValueError(f"encoder weights from {source!r} do not fit the model: "
-                         + "; ".join(f"{k}: model {want.get(k)}, weights {got.get(k)}"
-                                     for k in bad[:8]))
-
-
-def _init_fn(config, model, tx) -> Callable:
-    """``init(rng, encoder_params or None) -> TrainState`` (traced: under jit or eval_shape)."""
-    max_sentences = config.data.max_sentences
-
-    def init(rng, encoder):
-        params = builders.init_params(model, rng, max_sentences)
-        if encoder is not None:
-            params = {**params, "encoder": encoder}
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                          opt_state=tx.init(params))
-
-    return init
-
-
-def abstract_train_state(config, model, tx: optax.GradientTransformation, mesh
-                         ) -> tuple[TrainState, Any]:
-    """Shapes and shardings of the train state, computed without allocating it."""
-    abstract = jax.eval_shape(_init_fn(config, model, tx), jax.random.key(0), None)
-    return abstract, sharding.tree_shardings(mesh, abstract, config.mesh.fsdp_min_size)
-
-
-def create_train_state(config, model, tx: optax.GradientTransformation, mesh,
-                       encoder_params=None) -> tuple[TrainState, Any]:
-    """Initialises the train state directly in its shardings; returns (state, shardings).
-
-    ``encoder_params`` (pretrained, host arrays) replace the random encoder initialisation.
-    """
-    abstract, shardings = abstract_train_state(config, model, tx, mesh)
-    if encoder_params is not None:
-        _check_encoder_params(abstract.params["encoder"], encoder_params, config.model.encoder)
-    init = jax.jit(_init_fn(config, model, tx), out_shardings=shardings)
-    return init(jax.random.key(config.train.seed), encoder_params), shardings
-
-
-def init_params_from(config, params):
-    """Returns ``params`` with every parameter taken from the checkpoint
-    ``train.init_from_checkpoint`` of the run in ``train.init_from`` whose path (e.g.
-    ``['detector']['conflict_out']['kernel']``) does not match the regex ``train.init_skip``
-    and that the earlier run's model has; the others keep their fresh initialisation (logged).
-
-    Another encoder or tokenizer, or a parameter whose shape differs from the earlier run's, is
-    an error; another data split (protocol, held-out slice) is a warning, since the earlier run
-    may have trained on this run's selection pairs. The earlier run's parameters land on the
-    shardings of ``params``; the optimizer state stays fresh.
-    """
-    train_config = config.train
-    source = checkpoints.restore_for_eval(train_config.init_from,
-                                          train_config.init_from_checkpoint)
-    for key in ("encoder", "tokenizer"):
-        if source.config.model[key] != config.model[key]:
-            raise ValueError(f"train.init_from: {train_config.init_from} was trained with "
-                             f"model.{key}={source.config.model[key]!r}, this run has "
-                             f"{config.model[key]!r}")
-    split_keys = ("data_dir", "protocol", "holdout_fraction", "holdout_seed", "max_pairs")
-    changed = [k for k in split_keys if source.config.data[k] != config.data[k]]
-    if changed:
-        logging.warning("train.init_from: %s used other data settings (%s): it may have trained "
-                        "on this run's selection pairs", train_config.init_from,
-                        ", ".join(f"data.{k}={source.config.data[k]!r}" for k in changed))
-    loaded = {jax.tree_util.keystr(path): leaf
-              for path, leaf in jax.tree_util.tree_leaves_with_path(source.params)}
-    skip = re.compile(train_config.init_skip) if train_config.init_skip else None
-    taken, fresh = [], []
-
-    def pick(path, leaf):
-        name = jax.tree_util.keystr(path)
-        if name not in loaded or (skip is not None and skip.search(name)):
-            fresh.append(name)
-            return leaf
-        if np.shape(loaded[name]) != np.shape(leaf):
-            raise ValueError(f"train.init_from: {name} has shape {np.shape(loaded[name])} in "
-                             f"{train_config.init_from} but {np.shape(leaf)} in this model")
-        taken.append(name)
-        return jax.device_put(loaded[name].astype(leaf.dtype), leaf.sharding)
-
-    params = jax.tree_util.tree_map_with_path(pick, params)
-    # One entry per top-level group: "detector (18)" rather than 18 paths.
-    groups = collections.Counter(name.split("]")[0] + "]" for name in fresh)
-    logging.info("train.init_from: %d parameters from %s (%s checkpoint, step %d, protocol "
-                 "%s); freshly initialised: %s", len(taken), train_config.init_from,
-                 source.kind, source.step, source.meta.get("protocol"),
-                 ", ".join(f"{g} ({n})" for g, n in groups.items()) or "none")
-    return params
-
-
-# ------------------------------------------------------------------------------------------
-# Steps.
-
-def _global_norm(tree) -> jax.Array:
-    """Euclidean norm of all the arrays of a tree together."""
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
-
-
-def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
-                    seed: int, *, freeze_encoder: bool = False) -> Callable:
-    """Returns ``step(state, batch) -> (state, metrics)``: one jitted, sharded update.
-
-    The state is donated; the dropout key is ``fold_in(key(seed) split, step)``, so a resumed
-    run draws the same masks. ``metrics["finite"]`` is False when the loss, the gradient norm or
-    the updated parameters are not finite. ``freeze_encoder``: no gradient flows into the
-    encoder (its backward pass is not computed; the optimizer must leave it unchanged too).
-    """
-    dropout_key = jax.random.split(jax.random.key(seed))[1]
-
-    def step(state: TrainState, batch):
-        rng = jax.random.fold_in(dropout_key, state.step)
-
-        def loss_fn(params):
-            if freeze_encoder:
-                params = {**params, "encoder": jax.lax.stop_gradient(params["encoder"])}
-            outputs = model.apply({"params": params}, batch, deterministic=False,
-                                  rngs={"dropout": rng})
-            return losses.tiered_loss(outputs, batch, loss_config)
-
-        (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        grad_norm, param_norm = _global_norm(grads), _global_norm(params)
-        out = {f"loss/{k}": v for k, v in parts.items()}
-        out.update(grad_norm=grad_norm, param_norm=param_norm,
-                   learning_rate=schedule(state.step),
-                   finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm))
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), out
-
-    return jax.jit(step,
-                   in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
-                   out_shardings=(state_shardings, sharding.replicated(mesh)),
-                   donate_argnums=(0,))
-
-
-# ------------------------------------------------------------------------------------------
-# Assembly.
-
-@dataclasses.dataclass(frozen=True)
-class Trainer:
-    """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
-    schedule, the train state's shardings, the jitted train and eval steps."""
-
-    config: ml_collections.ConfigDict
-    model: Any
-    mesh: jax.sharding.Mesh
-    tx: optax.GradientTransformation
-    schedule: optax.Schedule
-    state_shardings: Any
-    train_step: Callable
-    eval_step: Callable
-
-    def fresh_state(self, encoder_params=None) -> TrainState:
-        """A new train state (``create_train_state``), in ``state_shardings``."""
-        state, _ = create_train_state(self.config, self.model, self.tx, self.mesh,
-                                      encoder_params)
-        return state
-
-    def abstract_state(self) -> TrainState:
-        """Shapes of the train state, without allocating it."""
-        return abstract_train_state(self.config, self.model, self.tx, self.mesh)[0]
-
-
-def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
-    """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step and
-    eval step (``evaluate.make_eval_step``) on ``mesh``."""
-    tx, schedule = make_optimizer(config.train, total_steps)
-    _, shardings = abstract_train_state(config, model, tx, mesh)
-    loss_config = losses.LossConfig.from_mapping(config.loss)
-    train_step = make_train_step(model, tx, schedule, loss_config, mesh, shardings,
-                                 config.train.seed, freeze_encoder=config.train.freeze_encoder)
-    eval_step = evaluate.make_eval_step(model, loss_config, mesh, shardings.params)
-    return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step)
 
 
 def _check_batch_size(batch_size: int, mesh) -> None:
@@ -374,7 +120,7 @@ class RunSetup:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) in ``workdir``, then scores the best checkpoints on test.
 
-    Returns the test metrics of the best-verifiability checkpoint. The run holds the workdir's
+    Returns the test metrics of the selected checkpoint. The run holds the workdir's
     lock (``trip_jax.workdir_lock``) from before it writes anything: WorkdirLocked, with the
     workdir untouched, when another run holds it.
     """
@@ -561,7 +307,7 @@ class TrainLoop:
 
 
 def _final_reports(setup: RunSetup) -> dict[str, Any]:
-    """Scores the best checkpoints on test; writes reports/ (best verifiability) and
+    """Scores the best checkpoints on test; writes reports/ (the selected checkpoint) and
     reports/best_accuracy/ with ``evaluate.write_checkpoint_report``.
 
     Parameters come from ``checkpoints.restore_for_eval`` (the path evaluation takes) on the
@@ -573,7 +319,7 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
         config.train.eval_batch_size, setup.trainer.mesh, explain=True,
         decoding_config=setup.decoding)
     results, scored_steps = {}, {}
-    for kind, subdir in ((checkpoints.BEST_VERIFIABILITY, ""),
+    for kind, subdir in ((checkpoints.SELECTED, ""),
                          (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)):
         restored = checkpoints.restore_for_eval(str(setup.workdir), kind,
                                                 mesh=setup.trainer.mesh, config=config)
@@ -589,4 +335,4 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
         if jax.process_index() == 0:
             evaluate.write_checkpoint_report(setup.workdir / "reports" / subdir, "test",
                                              evaluation, restored, splits, splits.test)
-    return results[checkpoints.BEST_VERIFIABILITY]
+    return results[checkpoints.SELECTED]

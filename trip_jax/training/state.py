@@ -1,0 +1,130 @@
+"""The train state: its type, its shapes and shardings, and where its parameters come from.
+
+``create_train_state`` initialises (step 0, fresh or pretrained encoder parameters, the
+optimizer's state) directly in the shardings of ``trip_jax.sharding.tree_shardings``;
+``init_params_from`` takes parameters from another run's checkpoint (``train.init_from``).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from trip_jax import builders, checkpoints, sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during training: step counter, parameters, optimizer state."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def _check_encoder_params(expected, given, source: str) -> None:
+    """Raises a clear error when pretrained encoder parameters do not fit the model."""
+    def shapes(tree):
+        return {jax.tree_util.keystr(k): tuple(np.shape(v))
+                for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+    want, got = shapes(expected), shapes(given)
+    bad = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    if bad:
+        raise ValueError(f"encoder weights from {source!r} do not fit the model: "
+                         + "; ".join(f"{k}: model {want.get(k)}, weights {got.get(k)}"
+                                     for k in bad[:8]))
+
+
+def _init_fn(config, model, tx) -> Callable:
+    """``init(rng, encoder_params or None) -> TrainState`` (traced: under jit or eval_shape)."""
+    max_sentences = config.data.max_sentences
+
+    def init(rng, encoder):
+        params = builders.init_params(model, rng, max_sentences)
+        if encoder is not None:
+            params = {**params, "encoder": encoder}
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                          opt_state=tx.init(params))
+
+    return init
+
+
+def abstract_train_state(config, model, tx: optax.GradientTransformation, mesh
+                         ) -> tuple[TrainState, Any]:
+    """Shapes and shardings of the train state, computed without allocating it."""
+    abstract = jax.eval_shape(_init_fn(config, model, tx), jax.random.key(0), None)
+    return abstract, sharding.tree_shardings(mesh, abstract, config.mesh.fsdp_min_size)
+
+
+def create_train_state(config, model, tx: optax.GradientTransformation, mesh,
+                       encoder_params=None) -> tuple[TrainState, Any]:
+    """Initialises the train state directly in its shardings; returns (state, shardings).
+
+    ``encoder_params`` (pretrained, host arrays) replace the random encoder initialisation.
+    """
+    abstract, shardings = abstract_train_state(config, model, tx, mesh)
+    if encoder_params is not None:
+        _check_encoder_params(abstract.params["encoder"], encoder_params, config.model.encoder)
+    init = jax.jit(_init_fn(config, model, tx), out_shardings=shardings)
+    return init(jax.random.key(config.train.seed), encoder_params), shardings
+
+
+def init_params_from(config, params):
+    """Returns ``params`` with every parameter taken from the checkpoint
+    ``train.init_from_checkpoint`` of the run in ``train.init_from`` whose path (e.g.
+    ``['detector']['conflict_out']['kernel']``) does not match the regex ``train.init_skip``
+    and that the earlier run's model has; the others keep their fresh initialisation (logged).
+
+    Another encoder or tokenizer, or a parameter whose shape differs from the earlier run's, is
+    an error; another data split (protocol, held-out slice) is a warning, since the earlier run
+    may have trained on this run's selection pairs. The earlier run's parameters land on the
+    shardings of ``params``; the optimizer state stays fresh.
+    """
+    train_config = config.train
+    source = checkpoints.restore_for_eval(train_config.init_from,
+                                          train_config.init_from_checkpoint)
+    for key in ("encoder", "tokenizer"):
+        if source.config.model[key] != config.model[key]:
+            raise ValueError(f"train.init_from: {train_config.init_from} was trained with "
+                             f"model.{key}={source.config.model[key]!r}, this run has "
+                             f"{config.model[key]!r}")
+    split_keys = ("data_dir", "protocol", "holdout_fraction", "holdout_seed", "max_pairs")
+    changed = [k for k in split_keys if source.config.data[k] != config.data[k]]
+    if changed:
+        logging.warning("train.init_from: %s used other data settings (%s): it may have trained "
+                        "on this run's selection pairs", train_config.init_from,
+                        ", ".join(f"data.{k}={source.config.data[k]!r}" for k in changed))
+    loaded = {jax.tree_util.keystr(path): leaf
+              for path, leaf in jax.tree_util.tree_leaves_with_path(source.params)}
+    skip = re.compile(train_config.init_skip) if train_config.init_skip else None
+    taken, fresh = [], []
+
+    def pick(path, leaf):
+        name = jax.tree_util.keystr(path)
+        if name not in loaded or (skip is not None and skip.search(name)):
+            fresh.append(name)
+            return leaf
+        if np.shape(loaded[name]) != np.shape(leaf):
+            raise ValueError(f"train.init_from: {name} has shape {np.shape(loaded[name])} in "
+                             f"{train_config.init_from} but {np.shape(leaf)} in this model")
+        taken.append(name)
+        return jax.device_put(loaded[name].astype(leaf.dtype), leaf.sharding)
+
+    params = jax.tree_util.tree_map_with_path(pick, params)
+    # One entry per top-level group: "detector (18)" rather than 18 paths.
+    groups = collections.Counter(name.split("]")[0] + "]" for name in fresh)
+    logging.info("train.init_from: %d parameters from %s (%s checkpoint, step %d, protocol "
+                 "%s); freshly initialised: %s", len(taken), train_config.init_from,
+                 source.kind, source.step, source.meta.get("protocol"),
+                 ", ".join(f"{g} ({n})" for g, n in groups.items()) or "none")
+    return params

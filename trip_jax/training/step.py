@@ -1,0 +1,100 @@
+"""The jitted train step and the ``Trainer`` that assembles a model's training pieces.
+
+``build_trainer`` is the one place that turns a config and a model into the optimizer
+(``trip_jax.optimizers.make_optimizer``), the train state's shardings and the jitted train and
+eval steps; training (``trip_jax.train``) and the benchmarks both use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from trip_jax import evaluate, losses, optimizers, sharding
+from trip_jax.training.state import TrainState, abstract_train_state, create_train_state
+
+
+def global_norm(tree) -> jax.Array:
+    """sqrt(sum over every leaf x and element of x**2), computed in float32: the Euclidean norm
+    of all the arrays of ``tree`` together."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
+                    seed: int, *, freeze_encoder: bool = False) -> Callable:
+    """Returns ``step(state, batch) -> (state, metrics)``: one jitted, sharded update.
+
+    The state is donated; the dropout key is ``fold_in(key(seed) split, step)``, so a resumed
+    run draws the same masks. ``metrics["finite"]`` is False when the loss, the gradient norm or
+    the updated parameters are not finite. ``freeze_encoder``: no gradient flows into the
+    encoder (its backward pass is not computed; the optimizer must leave it unchanged too).
+    """
+    dropout_key = jax.random.split(jax.random.key(seed))[1]
+
+    def step(state: TrainState, batch):
+        rng = jax.random.fold_in(dropout_key, state.step)
+
+        def loss_fn(params):
+            if freeze_encoder:
+                params = {**params, "encoder": jax.lax.stop_gradient(params["encoder"])}
+            outputs = model.apply({"params": params}, batch, deterministic=False,
+                                  rngs={"dropout": rng})
+            return losses.tiered_loss(outputs, batch, loss_config)
+
+        (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        grad_norm, param_norm = global_norm(grads), global_norm(params)
+        out = {f"loss/{k}": v for k, v in parts.items()}
+        out.update(grad_norm=grad_norm, param_norm=param_norm,
+                   learning_rate=schedule(state.step),
+                   finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm))
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), out
+
+    return jax.jit(step,
+                   in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+                   out_shardings=(state_shardings, sharding.replicated(mesh)),
+                   donate_argnums=(0,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
+    schedule, the train state's shardings, the jitted train and eval steps."""
+
+    config: ml_collections.ConfigDict
+    model: Any
+    mesh: jax.sharding.Mesh
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    state_shardings: Any
+    train_step: Callable
+    eval_step: Callable
+
+    def fresh_state(self, encoder_params=None) -> TrainState:
+        """A new train state (``create_train_state``), in ``state_shardings``."""
+        state, _ = create_train_state(self.config, self.model, self.tx, self.mesh,
+                                      encoder_params)
+        return state
+
+    def abstract_state(self) -> TrainState:
+        """Shapes of the train state, without allocating it."""
+        return abstract_train_state(self.config, self.model, self.tx, self.mesh)[0]
+
+
+def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
+    """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step and
+    eval step (``evaluate.make_eval_step``) on ``mesh``."""
+    tx, schedule = optimizers.make_optimizer(config.train, total_steps)
+    _, shardings = abstract_train_state(config, model, tx, mesh)
+    loss_config = losses.LossConfig.from_mapping(config.loss)
+    train_step = make_train_step(model, tx, schedule, loss_config, mesh, shardings,
+                                 config.train.seed, freeze_encoder=config.train.freeze_encoder)
+    eval_step = evaluate.make_eval_step(model, loss_config, mesh, shardings.params)
+    return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step)
