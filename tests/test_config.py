@@ -9,7 +9,7 @@ import pytest
 
 from configs import base, minilm
 from trip_jax import (builders, checkpoints, cli, input_pipeline, main, optimizers, protocol,
-                      runtime, selection, train)
+                      runtime, selection)
 from trip_jax.config import checks, fields, migrate, sections
 from trip_jax.data import features, readers
 from trip_jax.models import encoders, tiered
@@ -44,7 +44,7 @@ def test_the_cli_checks_are_the_schemas():
     ("model.random_encoder.model_type", encoders.SUPPORTED_MODEL_TYPES),
     ("model.tiered.detector_activation", tuple(sorted(tiered._ACTIVATIONS))),
     ("train.optimizer", optimizers.OPTIMIZERS),
-    ("train.schedule", train.SCHEDULES),
+    ("train.schedule", optimizers.SCHEDULES),
     ("train.prng_impl", runtime.PRNG_IMPLS),
     ("train.selection", selection.SELECTIONS),
 ])
