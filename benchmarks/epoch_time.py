@@ -27,23 +27,14 @@ import time
 import jax
 import numpy as np
 
-from benchmarks import harness, padding
+from benchmarks import harness
 from trip_jax import input_pipeline, runtime
 from trip_jax.data import batching
 
 
-def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int,
-            sort_window: int = 0):
+def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int):
     """The epoch's host batches in the given layout (``harness.LAYOUTS``; the harness was built
-    with its overrides); ``sort_window`` > 1 batches similar pairs together
-    (``benchmarks.padding.sorted_window_order``, a proposed batching option, packed only)."""
-    if layout == "packed" and sort_window > 1:
-        order = padding.sorted_window_order(encoded, batch_size, sort_window,
-                                            seed=h.config.train.seed, epoch=epoch)
-        return batching.batches([encoded[i] for i in order], batch_size, layout="packed",
-                                buckets=h.buckets, seq_len=h.seq_len,
-                                max_sentences=h.config.data.max_sentences,
-                                short_seq_len=h.layout.short_seq_len)
+    with its overrides)."""
     if not harness.LAYOUTS[layout].one_pair:
         # As training batches: the config's layout, shuffled by seed and epoch.
         return input_pipeline.batch_stream(encoded, h.layout, batch_size, shuffle=True,
@@ -101,20 +92,18 @@ def run_epoch(h: harness.Harness, state, stream, seen) -> tuple[object, dict]:
                    "load_average_after": os.getloadavg()}
 
 
-def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
+def epoch_curve(model: str, batch_size: int, *, layout: str = "packed_tokens",
                 reps: tuple[int, ...] = (1, 2, 4), data_dir: str = "", max_pairs: int = 0,
                 dtype: str | None = None, prng_impl: str | None = None,
-                short_seq_len: int | None = None,
-                sort_window: int = 0, split: str = "dev") -> dict:
+                split: str = "dev") -> dict:
     """Compiles every shape, then times warm epochs at ``reps`` × the pairs of ``split``."""
     if prng_impl:
         runtime.set_prng_impl(prng_impl)
     h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
-                              short_seq_len=short_seq_len,
                               overrides=harness.LAYOUTS[layout].overrides, split=split)
 
     def stream(epoch: int):
-        return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch, sort_window)
+        return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch)
 
     compiled = compile_shapes(h, h.state, (stream(i) for i in range(len(reps))))
     state, points = h.state, []
@@ -130,8 +119,7 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
         fit = {"s_per_pair": float(slope), "fixed_s": float(intercept)}
     return {"model": model, "layout": layout, "batch_size": batch_size,
             "dtype": h.config.model.dtype, "prng_impl": str(jax.config.jax_default_prng_impl),
-            "short_seq_len": int(h.config.data.short_seq_len),
-            "sort_window": sort_window, "split": split, "dev_pairs": len(h.encoded),
+            "split": split, "dev_pairs": len(h.encoded),
             "compile": {"shapes": len(compiled),
                         "shapes_in_first_epoch": sum(c["epoch"] == 0 for c in compiled.values()),
                         "compile_s": sum(c["compile_s"] for c in compiled.values()),
@@ -145,14 +133,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--layout", default="packed", choices=sorted(harness.LAYOUTS))
+    parser.add_argument("--layout", default="packed_tokens", choices=sorted(harness.LAYOUTS))
     parser.add_argument("--reps", default="1,2,4")
     parser.add_argument("--max-pairs", type=int, default=0)
     parser.add_argument("--dtype", default=None)
-    parser.add_argument("--short-seq-len", type=int, default=None)
     parser.add_argument("--prng-impl", default=None)
-    parser.add_argument("--sort-window", type=int, default=0,
-                        help="batches per size-sorting window (0: shuffled, as training does)")
     parser.add_argument("--split", default="dev", choices=harness.SPLITS,
                         help="the pairs of an epoch: all dev pairs, or a dev_train run's")
     parser.add_argument("--out", required=True)
@@ -160,8 +145,7 @@ def main(argv=None) -> None:
     result = epoch_curve(args.model, args.batch_size, layout=args.layout,
                          reps=tuple(int(r) for r in args.reps.split(",")),
                          max_pairs=args.max_pairs, dtype=args.dtype, prng_impl=args.prng_impl,
-                         short_seq_len=args.short_seq_len,
-                         sort_window=args.sort_window, split=args.split)
+                         split=args.split)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

@@ -25,11 +25,12 @@ import ml_collections
 import numpy as np
 
 from benchmarks import models
-from trip_jax import batch_contract, builders, input_pipeline, protocol, sharding
-from trip_jax.data import batching, features, readers
-from trip_jax.data.features import Buckets, EncodedPair
+from trip_jax import builders, input_pipeline, protocol, sharding
+from trip_jax.data import features, layouts, readers
+from trip_jax.data.batching import BatchPlan
+from trip_jax.data.features import EncodedPair
+from trip_jax.data.layouts import Layout
 from trip_jax.data.types import StoryPair
-from trip_jax.input_pipeline import Layout
 from trip_jax.models.tiered import TieredConfig
 
 if TYPE_CHECKING:  # imported where a Harness is built: ModelData alone does not need it
@@ -58,13 +59,12 @@ class ModelData:
     @classmethod
     def load(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
              dtype: str | None = None, remat: bool | None = None,
-             short_seq_len: int | None = None,
              overrides: Mapping[str, Any] | None = None, split: str = "dev") -> "ModelData":
         """Model ``name`` (see ``benchmarks.models``) with ``overrides`` (dotted config keys)
         set, and the pairs of ``split`` ("dev", or "dev_train": what a dev_train run trains on)
         of ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps only the first N
         pairs."""
-        config = models.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
+        config = models.model_config(name, dtype=dtype, remat=remat)
         for key, value in (overrides or {}).items():
             set_config_value(config, key, value)
         config.data.data_dir = data_dir
@@ -81,7 +81,7 @@ class ModelData:
         if max_pairs:
             pairs = pairs[:max_pairs]
         tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
-        layout = Layout.from_config(config.data)
+        layout = layouts.from_config(config.data)
         encoded = input_pipeline.encode(pairs, tokenizer, layout)
         fixed = layout.for_splits(splits).num_entities
         if fixed is not None:  # the harness's pairs may go beyond config.data.max_pairs
@@ -129,12 +129,10 @@ class Harness:
     @classmethod
     def build(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
               dtype: str | None = None, remat: bool | None = None,
-              short_seq_len: int | None = None,
               overrides: Mapping[str, Any] | None = None, split: str = "dev") -> "Harness":
         """Builds model ``name`` on the pairs of ``split`` (arguments: ``ModelData.load``)."""
         data = ModelData.load(name, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
-                              remat=remat, short_seq_len=short_seq_len, overrides=overrides,
-                              split=split)
+                              remat=remat, overrides=overrides, split=split)
         from trip_jax import train  # noqa: PLC0415 - checkpointing imports, not for ModelData
 
         config = data.config
@@ -154,20 +152,16 @@ class Harness:
 
     @property
     def layout(self) -> Layout:
-        """The config's batch layout (``input_pipeline.Layout``), E fixed as training fixes
+        """The config's batch layout (``trip_jax.data.layouts``), E fixed as training fixes
         it (``num_entities``)."""
-        return dataclasses.replace(Layout.from_config(self.config.data),
+        return dataclasses.replace(layouts.from_config(self.config.data),
                                    num_entities=self.num_entities)
 
-    @property
-    def buckets(self) -> Buckets:
-        """The config's shape buckets."""
-        return self.layout.buckets
-
-    @property
-    def seq_len(self) -> int | None:
-        """The config's fixed token length, or None (bucketed per batch)."""
-        return self.layout.seq_len
+    def layout_named(self, name: str) -> Layout:
+        """The layout ``name`` with the config's other data keys, T bucketed, E as ``layout``."""
+        data = self.config.data.copy_and_resolve_references()
+        data.layout, data.seq_len = name, 0
+        return dataclasses.replace(layouts.from_config(data), num_entities=self.num_entities)
 
     def config_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one batch of the config's layout and buckets (as training batches)."""
@@ -178,50 +172,36 @@ class Harness:
         layout, E fixed as training fixes it) with the most encoder tokens (ties: the most real
         tokens), and its pairs: the largest batch shape training on these pairs compiles."""
         def size(batch):
-            groups = [g for g in batch_contract.ROW_GROUPS if f"{g}input_ids" in batch]
-            return (sum(batch[f"{g}input_ids"].size for g in groups),
-                    sum(int(batch[f"{g}attention_mask"].sum()) for g in groups))
+            return batch["input_ids"].size, int(batch["attention_mask"].sum())
 
         best = max(input_pipeline.batch_stream(self.encoded, self.layout, batch_size), key=size)
         return best, [self.encoded[i] for i in best["pair_index"][best["pair_mask"]]]
 
-    def packed_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
-        """``pairs`` as one packed batch with the config's buckets (the training layout)."""
-        layout = dataclasses.replace(self.layout, layout="packed")
-        return next(input_pipeline.batch_stream(pairs, layout, len(pairs)))
-
     def reference_dense_batch(self, pair: EncodedPair) -> dict[str, np.ndarray]:
         """One pair in the reference's layout (see ``reference_dense_shape``)."""
         entities, seq_len = reference_dense_shape(self.encoded)
-        return features.build_batch([pair], [0], layout="dense", num_entities=entities,
-                                    seq_len=seq_len, pad_id=pair.pad_id,
-                                    max_sentences=self.config.data.max_sentences)
+        return self.layout_named("dense").build(
+            [pair], BatchPlan(np.zeros(1, np.int32), entities, {"T": seq_len}), pair.pad_id)
 
     def layout_summary(self, batch_size: int) -> dict:
         """Padding and compiled shapes of one epoch over the dev pairs at ``batch_size``: real
-        rows and real tokens over the encoder rows/tokens of the packed layout (with the
-        config's short-row group), of batching's dense layout and of the reference layout, and
-        each one's distinct batch shapes (one compilation each)."""
+        rows and real tokens over the encoder rows/tokens of every layout
+        (``trip_jax.data.layouts``, the config's other data keys) and of the reference layout,
+        and each one's distinct batch shapes (one compilation each)."""
         S = self.config.data.max_sentences
-        stats = batching.layout_stats(self.encoded, batch_size, buckets=self.buckets,
-                                      seq_len=self.seq_len, max_sentences=S,
-                                      short_seq_len=self.layout.short_seq_len,
-                                      pack_length=self.layout.pack_length,
-                                      max_shapes=self.layout.max_shapes,
-                                      dedup_rows=self.layout.dedup_rows)
-        real_tokens = stats["real_tokens"]
-        summary = {"batch_size": batch_size, "pairs": len(self.encoded),
-                   "real_rows": stats["real_rows"], "real_tokens": real_tokens}
-        for layout in features.LAYOUTS:
-            summary[layout] = {"rows": stats[f"{layout}_rows"],
-                               "real_row_fraction": stats[f"{layout}_real_fraction"],
-                               "tokens": stats[f"{layout}_tokens"],
-                               "real_token_fraction": stats[f"{layout}_token_fraction"],
-                               "distinct_shapes": len(stats[f"{layout}_shapes"])}
+        summary = {"batch_size": batch_size, "pairs": len(self.encoded)}
+        for name in layouts.NAMES:
+            stats = self.layout_named(name).stats(self.encoded, batch_size)
+            summary.update(real_rows=stats["real_rows"], real_tokens=stats["real_tokens"])
+            summary[name] = {"rows": stats["rows"], "real_row_fraction": stats["real_fraction"],
+                             "tokens": stats["tokens"],
+                             "real_token_fraction": stats["token_fraction"],
+                             "distinct_shapes": len(stats["shapes"])}
+        real_tokens = summary["real_tokens"]
         entities, seq_len = reference_dense_shape(self.encoded)
         rows = len(self.encoded) * 2 * entities * S
         summary["reference_dense"] = {
-            "rows": rows, "real_row_fraction": stats["real_rows"] / rows,
+            "rows": rows, "real_row_fraction": summary["real_rows"] / rows,
             "tokens": rows * seq_len, "real_token_fraction": real_tokens / (rows * seq_len),
             "distinct_shapes": 1, "entities": entities, "seq_len": seq_len}
         return summary
@@ -274,10 +254,8 @@ class BenchmarkLayout:
 # layout of the data pipeline is one entry: its config keys, and ``Harness.config_batch`` if
 # the input pipeline builds its batches.
 LAYOUTS: dict[str, BenchmarkLayout] = {
-    "packed": BenchmarkLayout({"data.layout": "packed", "model.tiered.cells": "grid"},
-                              Harness.config_batch),
     "packed_tokens": BenchmarkLayout({"data.layout": "packed_tokens", "data.seq_len": 0,
-                                      "data.short_seq_len": 0, "model.tiered.cells": "real"},
+                                      "model.tiered.cells": "real"},
                                      Harness.config_batch),
     # The model config's own layout and keys, unchanged (the paper configs' exact mode).
     "config": BenchmarkLayout({}, Harness.config_batch),

@@ -53,7 +53,7 @@ def _random_encoder(encoder: dict) -> ml_collections.ConfigDict:
     config = base.get_config()
     config.train.learning_rate = 5e-5
     config.train.eval_batch_size = 16
-    config.data.buckets.update(dict(token_multiple=16, rows_per_octave=2))
+    config.data.buckets.update(dict(token_multiple=16))
     config.model.encoder = ""
     config.model.tokenizer = minilm.model_dir() if has_minilm() else "word_level:bert"
     config.model.random_encoder = ml_collections.ConfigDict(encoder)
@@ -93,12 +93,11 @@ def paper_config(name: str) -> ml_collections.ConfigDict | None:
     return config
 
 
-def model_config(name: str, *, dtype: str | None = None, remat: bool | None = None,
-                 short_seq_len: int | None = None) -> ml_collections.ConfigDict:
+def model_config(name: str, *, dtype: str | None = None,
+                 remat: bool | None = None) -> ml_collections.ConfigDict:
     """Returns the run configuration of model ``name`` (see the module docstring).
 
-    ``dtype`` / ``remat`` / ``short_seq_len`` override ``config.model.dtype`` /
-    ``config.model.remat`` / ``config.data.short_seq_len``.
+    ``dtype`` / ``remat`` override ``config.model.dtype`` / ``config.model.remat``.
     """
     if name == "tiny":
         config = tiny.get_config()
@@ -129,6 +128,4 @@ def model_config(name: str, *, dtype: str | None = None, remat: bool | None = No
         config.model.dtype = dtype
     if remat is not None:
         config.model.remat = remat
-    if short_seq_len is not None:
-        config.data.short_seq_len = short_seq_len
     return config

@@ -94,7 +94,7 @@ class Curve:
 
     model: str
     batch_size: int
-    layout: str = "packed"
+    layout: str = "packed_tokens"
     reps: tuple[int, ...] = (1, 2, 4)
     max_pairs: int = 0
     split: str = "dev"  # harness.SPLITS: the pairs of one epoch
@@ -117,12 +117,10 @@ def _cpu_grid() -> Grid:
     ref = REFERENCE_LAYOUT
     cases = (
         *(Case("tiny", "packed_tokens", b, iters=3) for b in (1, 8)),
-        Case("tiny", "packed", 1, iters=3),
         Case("tiny", ref, 1, iters=3),
         *(Case("tiny", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
         Case("minilm", "packed_tokens", 1, iters=3),
         Case("minilm", "packed_tokens", 8, iters=2),
-        Case("minilm", "packed", 1),
         Case("minilm", ref, 1),
         *(Case("minilm", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
         Case("base", "packed_tokens", 1, iters=1),
@@ -287,7 +285,7 @@ def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
             "modes": list(case.modes), "iters": case.iters, "max_pairs": case.max_pairs}
     if case.layout in TORCH_LAYOUTS:  # float32, no remat, the config's rows and PRNG
         return ["--case", json.dumps(spec)]
-    for key in ("dtype", "remat", "prng_impl", "short_seq_len"):
+    for key in ("dtype", "remat", "prng_impl"):
         if getattr(options, key) is not None:
             spec[key] = getattr(options, key)
     if case.remat is not None:
@@ -309,10 +307,6 @@ def _curve_args(curve: Curve, options: argparse.Namespace) -> list[str]:
         args += ["--dtype", options.dtype]
     if options.prng_impl:
         args += ["--prng-impl", options.prng_impl]
-    if options.short_seq_len is not None:
-        args += ["--short-seq-len", str(options.short_seq_len)]
-    if options.sort_window:
-        args += ["--sort-window", str(options.sort_window)]
     return args
 
 
@@ -482,17 +476,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-sizes", default=None,
                         help="batch sizes to keep (the reference layout is 1)")
     parser.add_argument("--layouts", default=None,
-                        help="comma-separated: packed, reference_dense, torch_padded, torch_rows")
+                        help="comma-separated: packed_tokens, config, reference_dense, torch_padded, "
+                             "torch_rows")
     parser.add_argument("--skip-curves", action="store_true")
     parser.add_argument("--dtype", default=None, help="override model.dtype")
     parser.add_argument("--remat", default=None, action="store_true",
                         help="model.remat = True")
     parser.add_argument("--prng-impl", default=None,
                         help="jax_default_prng_impl (threefry2x32, rbg, unsafe_rbg)")
-    parser.add_argument("--short-seq-len", type=int, default=None,
-                        help="data.short_seq_len: encode short rows as a second group")
-    parser.add_argument("--sort-window", type=int, default=0,
-                        help="epoch curves: batch pairs of similar size (proposed option)")
     parser.add_argument("--compile-cache", default=None,
                         help="persistent jax compilation cache directory for every process")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")

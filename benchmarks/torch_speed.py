@@ -53,7 +53,8 @@ import transformers  # noqa: E402
 from benchmarks import flops, harness, train_speed  # noqa: E402
 from benchmarks import torch_reference as ref  # noqa: E402
 from trip_jax import builders, input_pipeline  # noqa: E402
-from trip_jax.data import features  # noqa: E402
+from trip_jax.data import layouts  # noqa: E402
+from trip_jax.data.batching import BatchPlan  # noqa: E402
 from trip_jax.models import weights  # noqa: E402
 from trip_jax.models.tiered import TieredConfig  # noqa: E402
 
@@ -82,24 +83,28 @@ def padded_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.
     """The pairs ``indices`` as the reference fed them: a dense batch at the data's largest
     entity count and 16 tokens a row, re-encoded with rows cut at 16 and zero token types.
     Returns (host batch, token length of every real row)."""
-    layout = dataclasses.replace(harness.Layout.from_config(data.config.data),
-                                 max_length=REFERENCE_ROW_LENGTH,
+    layout = dataclasses.replace(_dense(data), max_length=REFERENCE_ROW_LENGTH,
                                  token_types=REFERENCE_TOKEN_TYPES)
     pairs = input_pipeline.encode([data.pairs[i] for i in indices], data.tokenizer, layout)
     entities = max(p.num_entities for p in data.encoded)
-    local = features.build_batch(pairs, list(range(len(pairs))), layout="dense",
-                                 num_entities=entities, seq_len=REFERENCE_ROW_LENGTH,
-                                 pad_id=pairs[0].pad_id, max_sentences=layout.max_sentences)
+    local = layout.build(pairs, BatchPlan(np.arange(len(pairs), dtype=np.int32), entities,
+                                          {"T": REFERENCE_ROW_LENGTH}), pairs[0].pad_id)
     return local, _real_lengths(pairs)
 
 
 def rows_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.ndarray]:
-    """trip-jax's packed batch of the pairs ``indices`` (the config's buckets and T, one row
-    group). Returns (host batch, token length of every real row)."""
-    layout = dataclasses.replace(harness.Layout.from_config(data.config.data), layout="packed",
-                                 short_seq_len=None)
+    """trip-jax's dense batch of the pairs ``indices`` (the config's buckets; ``row_inputs``
+    keeps its rows on real cells). Returns (host batch, token length of every real row)."""
     pairs = [data.encoded[i] for i in indices]
-    return next(input_pipeline.batch_stream(pairs, layout, len(pairs))), _real_lengths(pairs)
+    return (next(input_pipeline.batch_stream(pairs, _dense(data), len(pairs))),
+            _real_lengths(pairs))
+
+
+def _dense(data: harness.ModelData):
+    """The dense layout with the config's other data keys, T bucketed per batch."""
+    config = data.config.data.copy_and_resolve_references()
+    config.layout, config.seq_len = "dense", 0
+    return layouts.from_config(config)
 
 
 def _real_lengths(pairs) -> np.ndarray:
@@ -182,7 +187,7 @@ def run_case(case: dict) -> dict:
               "threads": torch.get_num_threads(),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "dtype": "float32",
               "remat": False,
-              "short_seq_len": 0, "tokenizer": builders.tokenizer_spec(data.config.model),
+              "tokenizer": builders.tokenizer_spec(data.config.model),
               "encoder": {k: getattr(hf_config, k) for k in (
                   "model_type", "hidden_size", "num_hidden_layers", "intermediate_size")},
               "encoder_matmul_params": flops.encoder_matmul_params(hf_config),

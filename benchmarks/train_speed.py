@@ -7,12 +7,12 @@ compile ahead of time (compile time, XLA's FLOP count and memory plan), one firs
 ``iters`` timed runs (steady state = their median). Eval runs before train because the train
 step donates (consumes) the state.
 
-Layouts (``harness.LAYOUTS``): ``packed`` (the training layout, the config's buckets,
-``batch_size`` representative pairs) and ``reference_dense`` (the reference's: one pair padded to
+Layouts (``harness.LAYOUTS``): ``packed_tokens`` (the training layout, ``batch_size``
+representative pairs), ``config`` (the config's own layout) and ``reference_dense`` (the reference's: one pair padded to
 the data's largest entity count, 7 sentences and the longest row). The eager PyTorch reference's
 cases are ``benchmarks.torch_speed``.
 
-    python -m benchmarks.train_speed --case '{"model": "tiny", "layout": "packed",
+    python -m benchmarks.train_speed --case '{"model": "tiny", "layout": "packed_tokens",
         "batch_size": 2, "iters": 1}' --out /tmp/case.json
 """
 
@@ -32,7 +32,6 @@ import numpy as np
 
 from benchmarks import flops, harness
 from trip_jax import runtime
-from trip_jax.batch_contract import is_packed_tokens
 
 MODES: tuple[str, ...] = ("eval", "train")
 
@@ -131,7 +130,7 @@ def batch_info(local: dict[str, np.ndarray], real_lengths: np.ndarray) -> dict:
     ``encoded_real_tokens`` those the encoder runs on (fewer where packed_tokens encodes rows
     of equal tokens once); packing efficiency is the latter over ``encoder_tokens``."""
     groups = flops.row_group_shapes(local)
-    packed = is_packed_tokens(local)
+    packed = "segment_ids" in local  # rows share sequences
     info = {"pairs": int(local["pair_mask"].sum()), "real_rows": int(local["row_mask"].sum()),
             "encoder_rows": (int(local["row_start"].size) if packed
                              else sum(rows for rows, _, _ in groups)),
@@ -165,7 +164,7 @@ def rates(timing: dict, info: dict, flops: dict) -> dict:
 
 def run_case(case: dict) -> dict:
     """Runs one case (keys: model, layout, batch_size, iters, modes, data_dir, max_pairs,
-    dtype, remat, prng_impl, short_seq_len; batch: "representative" pairs (default) or the
+    dtype, remat, prng_impl; batch: "representative" pairs (default) or the
     "largest" batch of an epoch; plan_batch_sizes / plan_modes: XLA memory plans of the
     largest batch at those batch sizes, compiled only); returns its record."""
     if case.get("prng_impl"):
@@ -181,8 +180,7 @@ def run_case(case: dict) -> dict:
     start = time.perf_counter()
     h = harness.Harness.build(case["model"], data_dir=case.get("data_dir", ""),
                               max_pairs=case.get("max_pairs", 0), dtype=case.get("dtype"),
-                              remat=case.get("remat"), short_seq_len=case.get("short_seq_len"),
-                              overrides=spec.overrides)
+                              remat=case.get("remat"), overrides=spec.overrides)
     jax.block_until_ready(h.state)
     setup_s = time.perf_counter() - start
 
@@ -205,7 +203,6 @@ def run_case(case: dict) -> dict:
     step_flops = flops.step_flops(h.hf_config, h.tiered, local, real_lengths)
     record = {"case": case, "model": h.name, "layout": layout, "batch_size": batch_size,
               "dtype": h.config.model.dtype, "remat": bool(h.config.model.remat),
-              "short_seq_len": int(h.config.data.short_seq_len),
               "prng_impl": str(jax.config.jax_default_prng_impl),
               "tokenizer": h.tokenizer_name(),
               "encoder": {k: getattr(h.hf_config, k) for k in (

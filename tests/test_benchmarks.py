@@ -64,7 +64,7 @@ def check_case(case: dict, layout: str, modes: tuple[str, ...]) -> None:
     if "train" in modes and "eval" in modes:
         assert case["train"]["model_flops"] == pytest.approx(3 * case["eval"]["model_flops"])
     summary = case["epoch_layout"]
-    for name in ("packed_tokens", "packed", "dense", "reference_dense"):
+    for name in ("packed_tokens", "dense", "reference_dense"):
         assert 0 < summary[name]["real_row_fraction"] <= 1
         assert summary[name]["distinct_shapes"] >= 1
 
@@ -168,12 +168,13 @@ def _minilm_case(layout: str, batch_size: int, step_s: float, rss_mib: float) ->
 
 
 def test_targets_say_met_or_by_how_much_missed():
-    cases = [_minilm_case("packed", 1, 2.0, 3000), _minilm_case("packed", 8, 12.0, 6144),
+    cases = [_minilm_case("packed_tokens", 1, 2.0, 3000),
+             _minilm_case("packed_tokens", 8, 12.0, 6144),
              _minilm_case("torch_padded", 1, 6.0, 2000), _minilm_case("torch_rows", 1, 1.6, 2000),
              _minilm_case("reference_dense", 1, 5.0, 3000)]
     ratios = run.torch_ratios(cases)
     targets = {t["target"]: t for t in run.targets(cases, ratios)}
-    assert {t["layout"] for t in run.targets(cases, ratios)} == {"packed"}
+    assert {t["layout"] for t in run.targets(cases, ratios)} == {"packed_tokens"}
     # 6.0 / 2.0 = 3x the padded step: 25% short of 4x; 1.6 / 2.0 = 0.8x the rows step.
     assert targets["train_x_torch_padded"]["measured"] == pytest.approx(3.0)
     assert targets["train_x_torch_padded"]["missed_by"] == pytest.approx(0.25)
@@ -216,9 +217,8 @@ def test_layout_table_sets_config_keys_and_batch_sizes():
     for key, value in {"data.layout": "dense", "model.tiered.detector_layers": 3}.items():
         harness.set_config_value(config, key, value)
     assert config.data.layout == "dense" and config.model.tiered.detector_layers == 3
-    assert harness.LAYOUTS["packed"].overrides == {"data.layout": "packed",
-                                                   "model.tiered.cells": "grid"}
-    assert harness.LAYOUTS["packed_tokens"].overrides["data.layout"] == "packed_tokens"
+    assert harness.LAYOUTS["packed_tokens"].overrides == {
+        "data.layout": "packed_tokens", "data.seq_len": 0, "model.tiered.cells": "real"}
     assert [n for n, spec in harness.LAYOUTS.items() if spec.baseline] == [run.REFERENCE_LAYOUT]
     assert not set(harness.LAYOUTS) & set(run.TORCH_LAYOUTS)
     with pytest.raises(ValueError, match="one pair a batch"):
