@@ -9,9 +9,10 @@ of T tokens, L layers, width H, feed-forward width I:
     eval step      1 × forward
 
 Model FLOPs of a step count the *real* rows only, at the batch's padded token length T (the
-layout's row padding is waste: the dense layout's padding cells are not counted); the packed_tokens layout has no per-row T, so its model FLOPs count each real
-row at its own length (its attention stays within a row). ``*_real_tokens`` variants count each row at its own length (no token padding
-either). Embedding look-ups, LayerNorms, softmax and the heads/detector are left out of MFU;
+layout's row padding is waste: the dense layout's padding cells are not counted); the
+packed_tokens layout has no per-row T, so its model FLOPs count each real row at its own
+length (its attention stays within a row). ``*_real_tokens`` variants count each row at its own
+length (no token padding either). Embedding look-ups, LayerNorms, softmax and the heads/detector are left out of MFU;
 ``heads_detector_flops`` counts the state heads, projections and conflict detector separately
 (on real rows, and on every (pair, story, entity, sentence) slot of the grid, which is what the
 model computes).

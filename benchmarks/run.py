@@ -476,8 +476,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-sizes", default=None,
                         help="batch sizes to keep (the reference layout is 1)")
     parser.add_argument("--layouts", default=None,
-                        help="comma-separated: packed_tokens, config, reference_dense, torch_padded, "
-                             "torch_rows")
+                        help="comma-separated: packed_tokens, config, reference_dense, "
+                             "torch_padded, torch_rows")
     parser.add_argument("--skip-curves", action="store_true")
     parser.add_argument("--dtype", default=None, help="override model.dtype")
     parser.add_argument("--remat", default=None, action="store_true",

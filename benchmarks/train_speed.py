@@ -8,8 +8,8 @@ compile ahead of time (compile time, XLA's FLOP count and memory plan), one firs
 step donates (consumes) the state.
 
 Layouts (``harness.LAYOUTS``): ``packed_tokens`` (the training layout, ``batch_size``
-representative pairs), ``config`` (the config's own layout) and ``reference_dense`` (the reference's: one pair padded to
-the data's largest entity count, 7 sentences and the longest row). The eager PyTorch reference's
+representative pairs), ``config`` (the config's own layout) and ``reference_dense`` (the
+reference's: one pair padded to the data's largest entity count, 7 sentences and the longest row). The eager PyTorch reference's
 cases are ``benchmarks.torch_speed``.
 
     python -m benchmarks.train_speed --case '{"model": "tiny", "layout": "packed_tokens",

@@ -1,8 +1,8 @@
 """Heads and detector on real cells only (``TieredConfig.cells = "real"``) against the grid.
 
 Batches of two real dev pairs and one padding pair, with a padding entity slot, in the
-packed_tokens and the dense layout; ``track_index`` from ``packing.track_index``. With the same parameters,
-cells="real" must give the grid's outputs and loss for every option that changes the path.
+packed_tokens and the dense layout; ``track_index`` from ``packing.track_index``. With the same
+parameters, cells="real" must give the grid's outputs and loss for every option that changes the path.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from trip_jax import batch_contract, protocol
+from trip_jax import batch_contract
 from trip_jax.batch_contract import Field
 from trip_jax.data import features
 from trip_jax.data.batching import BatchPlan, Epoch
@@ -60,14 +60,16 @@ class Layout:
                              f"{features.TOKEN_TYPES}")
 
     def encode(self, pairs: Sequence[StoryPair], tokenizer) -> list[EncodedPair]:
-        """Tokenizes every (story, entity, sentence) row of ``pairs`` (``features.encode_pairs``)."""
+        """Tokenizes every (story, entity, sentence) row of ``pairs``
+        (``features.encode_pairs``)."""
         return features.encode_pairs(pairs, tokenizer, max_sentences=self.max_sentences,
                                      max_length=self.max_length, token_types=self.token_types)
 
-    def for_splits(self, splits: protocol.ProtocolSplits) -> "Layout":
+    def for_splits(self, splits) -> "Layout":
         """This layout with E fixed to the largest entity count of the protocol's three splits
-        when ``entity_padding`` is "data_max" or the layout ``fixes_entities`` (so training,
-        selection and test, and every process, pad alike); unchanged otherwise."""
+        (``splits``: a ``trip_jax.protocol.ProtocolSplits``) when ``entity_padding`` is
+        "data_max" or the layout ``fixes_entities`` (so training, selection and test, and every
+        process, pad alike); unchanged otherwise."""
         if self.entity_padding == "bucket" and not self.fixes_entities:
             return self
         stories = [story for pairs in (splits.train, splits.selection, splits.test)

@@ -199,14 +199,15 @@ class PackedTokens(Layout):
                                      "exactly once (other entries: B*2*E)")
 
 
-def _packed_token_arrays(rows: features.Rows, pack_length: int, pad_id: int, num_sequences: int | None,
-                         num_rows: int | None, slots: int, dedup_rows: bool
-                         ) -> dict[str, np.ndarray]:
+def _packed_token_arrays(rows: features.Rows, pack_length: int, pad_id: int,
+                         num_sequences: int | None, num_rows: int | None, slots: int,
+                         dedup_rows: bool) -> dict[str, np.ndarray]:
     """Encoder arrays of the real ``rows`` of one piece (module docstring);
     with ``dedup_rows`` rows of equal tokens are packed once and share one ``row_start``."""
     n = rows.lengths.size
     if dedup_rows:
-        first, inverse = packing.unique_rows(packing.row_keys(rows.lengths, rows.tokens, rows.type_ids))
+        first, inverse = packing.unique_rows(packing.row_keys(rows.lengths, rows.tokens,
+                                                              rows.type_ids))
     else:
         first, inverse = np.arange(n), np.arange(n)
     lengths = rows.lengths[first]
