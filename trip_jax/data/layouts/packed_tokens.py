@@ -93,8 +93,7 @@ class PackedTokens(Layout):
                              f"{self.num_entities}; pass the largest count of the data "
                              "(features.max_entities)")
         E = self.num_entities or largest
-        P = self.pack_length
-        demands = packing.Demands(encoded, P, self.dedup_rows)
+        demands = packing.Demands(encoded, self.pack_length, self.dedup_rows)
         # Every epoch has the same batches when they are single pairs or in a fixed order: the
         # first epoch shows them all. Otherwise the classes come from the first epochs, and one
         # class is kept for the largest batch possible.
@@ -103,9 +102,10 @@ class PackedTokens(Layout):
                  for index in dataclasses.replace(epoch, epoch=e).members(len(encoded))]
         seen = np.asarray([demands.of_batch(i, shards) for i in probe]).reshape(-1, 3)
         if exhaustive:
-            classes = packing.shape_classes(seen, self.max_shapes, P)
+            classes = packing.shape_classes(seen, self.max_shapes, self.pack_length)
         else:
-            classes = np.concatenate([packing.shape_classes(seen, self.max_shapes - 1, P),
+            classes = np.concatenate([packing.shape_classes(seen, self.max_shapes - 1,
+                                                            self.pack_length),
                                       demands.worst(width)[None]])
         classes = np.maximum(classes, 1)  # never an empty dimension
         plans = []

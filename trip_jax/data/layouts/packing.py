@@ -136,8 +136,8 @@ def class_cost(demand: np.ndarray, pack_length: int) -> np.ndarray:
     return demand[..., 0] * pack_length + ROW_COST * demand[..., 1] + TRACK_COST * demand[..., 2]
 
 
-def shape_classes(demands: np.ndarray, max_classes: int, pack_length: int) -> np.ndarray:
-    """At most ``max_classes`` (sequences, rows, tracks) classes covering every row of
+def shape_classes(demands: np.ndarray, max_shapes: int, pack_length: int) -> np.ndarray:
+    """At most ``max_shapes`` (sequences, rows, tracks) classes covering every row of
     ``demands`` [n, 3], cheapest first.
 
     The demands are sorted and cut into contiguous groups, each class the componentwise largest
@@ -146,7 +146,7 @@ def shape_classes(demands: np.ndarray, max_classes: int, pack_length: int) -> np
     """
     unique, counts = np.unique(np.asarray(demands, np.int64).reshape(-1, 3), axis=0,
                                return_counts=True)
-    n, groups = len(unique), min(max_classes, len(unique))
+    n, groups = len(unique), min(max_shapes, len(unique))
     if n == 0:
         return np.zeros((0, 3), np.int64)
     total = np.concatenate([[0], np.cumsum(counts)])
