@@ -337,8 +337,8 @@ class TieredModel(nn.Module):
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
         story_score [B,2], story_pred [B]. With ``config.cells == "real"`` the detector runs on
-        the batch's ``track_index`` (int32 [K], ``trip_jax.data.features.track_index``; the
-        packed_tokens layout has it), or on every track where the batch has none.
+        the batch's ``track_index`` (int32 [K], ``trip_jax.data.layouts.packing.track_index``;
+        the packed_tokens layout has it), or on every track where the batch has none.
         """
         cfg = self.config
         row_mask = jnp.asarray(batch["row_mask"], bool)
