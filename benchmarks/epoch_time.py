@@ -101,11 +101,10 @@ def run_epoch(h: harness.Harness, state, stream, seen) -> tuple[object, dict]:
                    "load_average_after": os.getloadavg()}
 
 
-def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
+def epoch_curve(model: str, batch_size: int, *, layout: str = "packed_tokens",
                 reps: tuple[int, ...] = (1, 2, 4), data_dir: str = "", max_pairs: int = 0,
                 dtype: str | None = None, prng_impl: str | None = None,
-                short_seq_len: int | None = None,
-                sort_window: int = 0, split: str = "dev") -> dict:
+                split: str = "dev") -> dict:
     """Compiles every shape, then times warm epochs at ``reps`` × the pairs of ``split``."""
     if prng_impl:
         runtime.set_prng_impl(prng_impl)
@@ -114,7 +113,7 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
                               overrides=cases.LAYOUTS[layout].overrides, split=split)
 
     def stream(epoch: int):
-        return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch, sort_window)
+        return _stream(h, h.encoded * reps[epoch], batch_size, layout, epoch)
 
     compiled = compile_shapes(h, h.state, (stream(i) for i in range(len(reps))))
     state, points = h.state, []
@@ -130,8 +129,7 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed",
         fit = {"s_per_pair": float(slope), "fixed_s": float(intercept)}
     return {"model": model, "layout": layout, "batch_size": batch_size,
             "dtype": h.config.model.dtype, "prng_impl": str(jax.config.jax_default_prng_impl),
-            "short_seq_len": int(h.config.data.short_seq_len),
-            "sort_window": sort_window, "split": split, "dev_pairs": len(h.encoded),
+            "split": split, "dev_pairs": len(h.encoded),
             "compile": {"shapes": len(compiled),
                         "shapes_in_first_epoch": sum(c["epoch"] == 0 for c in compiled.values()),
                         "compile_s": sum(c["compile_s"] for c in compiled.values()),
@@ -149,10 +147,7 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", default="1,2,4")
     parser.add_argument("--max-pairs", type=int, default=0)
     parser.add_argument("--dtype", default=None)
-    parser.add_argument("--short-seq-len", type=int, default=None)
     parser.add_argument("--prng-impl", default=None)
-    parser.add_argument("--sort-window", type=int, default=0,
-                        help="batches per size-sorting window (0: shuffled, as training does)")
     parser.add_argument("--split", default="dev", choices=harness.SPLITS,
                         help="the pairs of an epoch: all dev pairs, or a dev_train run's")
     parser.add_argument("--out", required=True)
@@ -160,8 +155,7 @@ def main(argv=None) -> None:
     result = epoch_curve(args.model, args.batch_size, layout=args.layout,
                          reps=tuple(int(r) for r in args.reps.split(",")),
                          max_pairs=args.max_pairs, dtype=args.dtype, prng_impl=args.prng_impl,
-                         short_seq_len=args.short_seq_len,
-                         sort_window=args.sort_window, split=args.split)
+                         split=args.split)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

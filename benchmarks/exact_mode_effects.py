@@ -16,6 +16,7 @@ gradients. docs/exact-mode.md cites the result.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -27,7 +28,7 @@ import optax
 from benchmarks import harness
 from configs import base, minilm
 from trip_jax import builders, losses, optimizers, protocol
-from trip_jax.data import batching, features
+from trip_jax.data import batching, features, layouts
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 
 # One key per difference: its clean value (the exact value is configs/base.py REFERENCE_MODES).
@@ -58,8 +59,10 @@ def build(config, hf_config, pair, tokenizer, data_max_entities: int):
                                     max_length=data.max_length or None,
                                     token_types=data.token_types)
     fixed = data_max_entities if data.entity_padding == "data_max" else None
-    (batch,) = batching.batches(encoded, 1, max_sentences=data.max_sentences,
-                                buckets=features.Buckets(**data.buckets), num_entities=fixed)
+    dense = data.copy_and_resolve_references()
+    dense.layout, dense.seq_len = "dense", 0  # every cell a row, E and T bucketed
+    layout = dataclasses.replace(layouts.from_config(dense), num_entities=fixed)
+    (batch,) = layout.batches(encoded, batching.Epoch(1))
     tiered = TieredConfig.from_mapping({**config.model.tiered.to_dict(),
                                         "max_sentences": data.max_sentences})
     return (build_tiered_model(hf_config, tiered), batch,

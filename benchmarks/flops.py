@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trip_jax.batch_contract import is_packed_tokens, row_groups
 from trip_jax.models.tiered import TieredConfig
 
 
@@ -63,15 +62,11 @@ def heads_detector_forward_flops(hidden: int, tiered: TieredConfig, slots: int) 
 
 
 def row_group_shapes(batch: dict[str, np.ndarray]) -> list[tuple[int, int, int]]:
-    """(encoder rows, real rows, token length) of each row group of a batch; for packed_tokens
-    (packed sequences, real rows, P)."""
+    """[(encoder sequences, real rows, token length)] of a batch: for packed_tokens (packed
+    sequences, real rows, P), for dense (rows, real rows, T)."""
     slots = int(np.prod(batch["row_mask"].shape))
-    if is_packed_tokens(batch):
-        return [(batch["input_ids"].shape[0], int((batch["row_index"] < slots).sum()),
-                 batch["input_ids"].shape[1])]
-    return [(*batch[prefix + "input_ids"].shape[:1],
-             int((batch[prefix + "row_index"] < slots).sum()),
-             batch[prefix + "input_ids"].shape[1]) for prefix in row_groups(batch)]
+    return [(batch["input_ids"].shape[0], int((batch["row_index"] < slots).sum()),
+             batch["input_ids"].shape[1])]
 
 
 def step_flops(hf_config, tiered: TieredConfig, batch: dict[str, np.ndarray],
@@ -84,7 +79,7 @@ def step_flops(hf_config, tiered: TieredConfig, batch: dict[str, np.ndarray],
     groups = row_group_shapes(batch)
     real_rows = int(batch["row_mask"].sum())
     slots = int(np.prod(batch["row_mask"].shape))
-    packed = is_packed_tokens(batch)
+    packed = "segment_ids" in batch  # rows share sequences
     forward = {
         "model_flops": (encoder_forward_flops(hf_config, real_lengths) if packed else
                         sum(encoder_forward_flops(hf_config, np.full(real, seq_len))

@@ -81,7 +81,6 @@ class ModelData:
     @classmethod
     def load(cls, name: str, *, data_dir: str = "", max_pairs: int = 0,
              dtype: str | None = None, remat: bool | None = None,
-             short_seq_len: int | None = None,
              overrides: Mapping[str, Any] | None = None, split: str = "dev") -> "ModelData":
         """Model ``name`` (``cases.model_config``) with ``overrides`` (dotted config keys) set,
         and the pairs of ``split`` ("dev", or "dev_train": what a dev_train run trains on) of
@@ -103,7 +102,7 @@ class ModelData:
         if max_pairs:
             pairs = pairs[:max_pairs]
         tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
-        layout = Layout.from_config(config.data)
+        layout = layouts.from_config(config.data)
         encoded = input_pipeline.encode(pairs, tokenizer, layout)
         fixed = layout.for_splits(splits).num_entities
         if fixed is not None:  # the harness's pairs may go beyond config.data.max_pairs
@@ -193,9 +192,7 @@ class Harness:
         layout, E fixed as training fixes it) with the most encoder tokens (ties: the most real
         tokens), and its pairs: the largest batch shape training on these pairs compiles."""
         def size(batch):
-            groups = [g for g in batch_contract.ROW_GROUPS if f"{g}input_ids" in batch]
-            return (sum(batch[f"{g}input_ids"].size for g in groups),
-                    sum(int(batch[f"{g}attention_mask"].sum()) for g in groups))
+            return batch["input_ids"].size, int(batch["attention_mask"].sum())
 
         best = max(input_pipeline.batch_stream(self.encoded, self.layout, batch_size), key=size)
         return best, [self.encoded[i] for i in best["pair_index"][best["pair_mask"]]]
@@ -224,7 +221,7 @@ class Harness:
         entities, seq_len = reference_dense_shape(self.encoded)
         rows = len(self.encoded) * 2 * entities * S
         summary["reference_dense"] = {
-            "rows": rows, "real_row_fraction": stats["real_rows"] / rows,
+            "rows": rows, "real_row_fraction": summary["real_rows"] / rows,
             "tokens": rows * seq_len, "real_token_fraction": real_tokens / (rows * seq_len),
             "distinct_shapes": 1, "entities": entities, "seq_len": seq_len}
         return summary

@@ -124,7 +124,7 @@ def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
             "modes": list(case.modes), "iters": case.iters, "max_pairs": case.max_pairs}
     if case.layout in TORCH_LAYOUTS:  # float32, no remat, the config's rows and PRNG
         return ["--case", json.dumps(spec)]
-    for key in ("dtype", "remat", "prng_impl", "short_seq_len"):
+    for key in ("dtype", "remat", "prng_impl"):
         if getattr(options, key) is not None:
             spec[key] = getattr(options, key)
     if case.remat is not None:
@@ -146,10 +146,6 @@ def _curve_args(curve: Curve, options: argparse.Namespace) -> list[str]:
         args += ["--dtype", options.dtype]
     if options.prng_impl:
         args += ["--prng-impl", options.prng_impl]
-    if options.short_seq_len is not None:
-        args += ["--short-seq-len", str(options.short_seq_len)]
-    if options.sort_window:
-        args += ["--sort-window", str(options.sort_window)]
     return args
 
 
@@ -326,10 +322,6 @@ def main(argv=None) -> dict:
                         help="model.remat = True")
     parser.add_argument("--prng-impl", default=None,
                         help="jax_default_prng_impl (threefry2x32, rbg, unsafe_rbg)")
-    parser.add_argument("--short-seq-len", type=int, default=None,
-                        help="data.short_seq_len: encode short rows as a second group")
-    parser.add_argument("--sort-window", type=int, default=0,
-                        help="epoch curves: batch pairs of similar size (proposed option)")
     parser.add_argument("--compile-cache", default=None,
                         help="persistent jax compilation cache directory for every process")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")

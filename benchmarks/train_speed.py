@@ -44,7 +44,7 @@ def memory_plan(h: harness.Harness, batch_size: int, modes: tuple[str, ...]) -> 
 
 def run_case(case: dict) -> dict:
     """Runs one case (keys: model, layout, batch_size, iters, modes, data_dir, max_pairs,
-    dtype, remat, prng_impl, short_seq_len; batch: "representative" pairs (default) or the
+    dtype, remat, prng_impl; batch: "representative" pairs (default) or the
     "largest" batch of an epoch; plan_batch_sizes / plan_modes: XLA memory plans of the
     largest batch at those batch sizes, compiled only); returns its record."""
     if case.get("prng_impl"):
@@ -59,8 +59,7 @@ def run_case(case: dict) -> dict:
     start = time.perf_counter()
     h = harness.Harness.build(case["model"], data_dir=case.get("data_dir", ""),
                               max_pairs=case.get("max_pairs", 0), dtype=case.get("dtype"),
-                              remat=case.get("remat"), short_seq_len=case.get("short_seq_len"),
-                              overrides=spec.overrides)
+                              remat=case.get("remat"), overrides=spec.overrides)
     jax.block_until_ready(h.state)
     setup_s = time.perf_counter() - start
 
@@ -83,7 +82,6 @@ def run_case(case: dict) -> dict:
     step_flops = flops.step_flops(h.hf_config, h.tiered, local, lengths)
     record = {"case": case, "model": h.name, "layout": layout, "batch_size": batch_size,
               "dtype": h.config.model.dtype, "remat": bool(h.config.model.remat),
-              "short_seq_len": int(h.config.data.short_seq_len),
               "prng_impl": str(jax.config.jax_default_prng_impl),
               "tokenizer": h.data.tokenizer_name(),
               "encoder": {k: getattr(h.hf_config, k) for k in (

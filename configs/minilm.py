@@ -53,5 +53,5 @@ def get_config(argument: str | None = None):
     else:
         config.train.learning_rate = 5e-5   # the BERT-family rate of the paper
     # Fewer distinct padded shapes (fewer compilations) at the cost of some padding rows.
-    config.data.buckets.update(dict(token_multiple=16, rows_per_octave=2))
+    config.data.buckets.token_multiple = 16
     return config

@@ -1,5 +1,5 @@
-"""Shared fixtures: the TRIP data directory, the compilation cache, the tiny config, a trained
-tiny run, and the helper modules of the tests (small TRIP files, the multi-process harness).
+"""Shared fixtures: the TRIP data directory, the compilation cache, the tiny config, layouts, a
+trained tiny run, and the helper modules of the tests (small TRIP files, the multi-process harness).
 
 Test modules get all of these as fixtures; none imports another test module.
 """
@@ -69,6 +69,23 @@ def tiny_config(data_dir) -> Callable:
         config.data.data_dir = data_dir
         config.train.async_checkpoints = False
         return config
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_layout() -> Callable:
+    """``make_layout(name="packed_tokens", **fields)``: the layout of configs/base.py's data
+    section (clean mode) with ``data.layout = name``, its fields replaced by ``fields``."""
+    import dataclasses
+
+    from configs import base
+    from trip_jax.data import layouts
+
+    def make(name: str = "packed_tokens", **fields):
+        data = base.get_config().data
+        data.layout = name
+        return dataclasses.replace(layouts.from_config(data), **fields)
 
     return make
 

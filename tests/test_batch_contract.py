@@ -3,16 +3,16 @@ checked against the one table, and the check itself rejecting what breaks the co
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import jax
 import numpy as np
 import pytest
 
-from trip_jax import batch_contract, builders, input_pipeline, predict, sharding
-from trip_jax.batch_contract import BatchContractError, check_batch
-from trip_jax.data import batching, features
+from trip_jax import batch_contract, builders, input_pipeline, predict
+from trip_jax.batch_contract import BatchContractError
+from trip_jax.data import batching, features, layouts
+from trip_jax.data.batching import BatchPlan
 
 S = features.DEFAULT_MAX_SENTENCES
 
@@ -23,51 +23,47 @@ def data(tiny_config):
     return input_pipeline.prepare_data(tiny_config())
 
 
-def test_build_batch_in_both_layouts_and_with_short_rows(data):
+def test_build_batch_in_both_layouts(data, make_layout):
     pairs = data.train[:3]
-    common = dict(num_entities=16, seq_len=32, pad_id=pairs[0].pad_id, max_sentences=S)
-    dense = features.build_batch(pairs, [0, 1, 2], layout="dense", **common)
-    assert check_batch(dense, max_sentences=S, layout="dense")["R"] == 3 * 2 * 16 * S
-    packed = features.build_batch(pairs + [None], [0, 1, 2, -1], layout="packed",
-                                  num_rows=512, **common)
-    sizes = check_batch(packed, max_sentences=S, layout="packed")
-    assert (sizes["B"], sizes["R"], sizes["T"]) == (4, 512, 32)
-    short = features.build_batch(pairs, [0, 1, 2], layout="packed", short_seq_len=12, **common)
-    sizes = check_batch(short, max_sentences=S)
-    assert sizes["T_short"] == 12 and sizes["R"] + sizes["R_short"] == sum(
-        p.num_rows for p in pairs)
+    dense_layout = make_layout("dense")
+    dense = dense_layout.build(pairs, BatchPlan(np.arange(3, dtype=np.int32), 16, {"T": 32}),
+                               pairs[0].pad_id)
+    assert dense_layout.check(dense)["R"] == 3 * 2 * 16 * S
+    packed_layout = make_layout()
+    packed = packed_layout.build(pairs + [None], BatchPlan(np.asarray([0, 1, 2, -1], np.int32),
+                                                           16, {"N": 40, "R": 512, "K": 99}),
+                                 pairs[0].pad_id)
+    sizes = packed_layout.check(packed)
+    assert (sizes["B"], sizes["N"], sizes["R"], sizes["K"]) == (4, 40, 512, 99)
+    with pytest.raises(BatchContractError, match="missing \\['segment_ids', 'track_index'\\]"):
+        packed_layout.check(dense)
 
 
 def test_batching_shares_of_every_process(data):
     for process_index in range(2):
-        for batch in batching.batches(data.train, 4, shuffle=True, seed=3, epoch=1,
-                                      process_index=process_index, process_count=2,
-                                      max_sentences=S):
-            assert check_batch(batch, max_sentences=S)["B"] == 2
+        epoch = batching.Epoch(4, shuffle=True, seed=3, epoch=1, process_index=process_index,
+                               process_count=2)
+        for batch in data.layout.batches(data.train, epoch):
+            assert data.layout.check(batch)["B"] == 2
 
 
 @pytest.mark.parametrize("split", ["train", "selection", "test"])
-@pytest.mark.parametrize("options", [{}, {"layout": "dense"},
-                                     {"layout": "packed", "short_seq_len": 12},
-                                     {"dedup_rows": False}])
-def test_input_pipeline_streams(data, split, options):
-    layout = dataclasses.replace(data.layout, **options)
+@pytest.mark.parametrize("options", [{}, {"name": "dense"}, {"dedup_rows": False}])
+def test_input_pipeline_streams(data, make_layout, split, options):
+    layout = make_layout(options.pop("name", "packed_tokens"), **options)
+    layout = layout.for_splits(data.splits)
     encoded = getattr(data, split)
     seen = []
     for batch in input_pipeline.batch_stream(encoded, layout, 2, shuffle=True, seed=0, epoch=0):
-        check_batch(batch, max_sentences=layout.max_sentences, layout=layout.layout)
+        layout.check(batch)
         seen += batch["pair_index"][batch["pair_mask"]].tolist()
     assert sorted(seen) == list(range(len(encoded)))
 
 
-def test_example_batch_and_row_padding():
+def test_example_batch_is_a_dense_batch():
     example = builders.example_batch(S, seq_len=16)
-    assert check_batch(example, max_sentences=S, layout="dense") == {
+    assert batch_contract.check_batch(example, layouts.Dense.fields, max_sentences=S) == {
         "R": 2 * S, "T": 16, "B": 1, "E": 1, "S": S}
-    packed = features.build_batch([None], [-1], layout="packed", num_entities=8, seq_len=8,
-                                  pad_id=0, max_sentences=S, num_rows=5)
-    padded = sharding.pad_rows(packed, 4)
-    assert check_batch(padded, max_sentences=S)["R"] == 8
 
 
 def test_prediction_requests_become_contract_batches(data):
@@ -78,7 +74,7 @@ def test_prediction_requests_become_contract_batches(data):
     pair = predict._pair(request, request.entities)
     encoded = input_pipeline.encode([pair], data.tokenizer, data.layout)
     [batch] = input_pipeline.batch_stream(encoded, data.layout, 2)
-    check_batch(batch, max_sentences=S)
+    data.layout.check(batch)
     assert batch["pair_mask"].tolist() == [True, False]
 
 
@@ -87,7 +83,7 @@ def test_model_outputs_follow_the_contract(data, tiny_config):
     hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
     batch = next(input_pipeline.batch_stream(data.test, data.layout, 2))
-    sizes = check_batch(batch, max_sentences=S)
+    sizes = data.layout.check(batch)
     # Shapes and dtypes only: jax.eval_shape traces the model without running it.
     outputs = jax.eval_shape(
         lambda rng: model.apply({"params": builders.init_params(model, rng, S)}, batch),
@@ -105,6 +101,11 @@ def test_model_outputs_follow_the_contract(data, tiny_config):
 
 def test_check_rejects_what_breaks_the_contract():
     good = builders.example_batch(S)
+    fields = layouts.Dense.fields
+
+    def check_batch(batch, **kw):
+        return batch_contract.check_batch(batch, fields, **kw)
+
     check_batch(good)
     with pytest.raises(BatchContractError, match="missing \\['story_label'\\]"):
         check_batch({k: v for k, v in good.items() if k != "story_label"})
@@ -120,18 +121,30 @@ def test_check_rejects_what_breaks_the_contract():
         check_batch(good, max_sentences=5)
     with pytest.raises(BatchContractError, match="row_index outside"):
         check_batch({**good, "row_index": good["row_index"] + 2})
+    with pytest.raises(BatchContractError, match="row_start outside"):
+        check_batch({**good, "row_start": good["row_start"] + 8})
     no_row = dict(good, row_index=np.full_like(good["row_index"], 2 * S))
     with pytest.raises(BatchContractError, match="has no encoder row"):
         check_batch(no_row)
+    with pytest.raises(BatchContractError, match="rows starting at r\\*T"):
+        layouts.Dense.check(_dense_layout(), {**good, "row_start": good["row_start"][::-1].copy()})
+
+
+def _dense_layout():
+    from configs import base
+
+    data = base.get_config().data
+    data.layout = "dense"
+    return layouts.from_config(data)
 
 
 def test_contract_table_names_every_key():
-    table = batch_contract.describe()
-    for f in (*batch_contract.ROW_FIELDS, *batch_contract.PAIR_FIELDS,
+    table = batch_contract.describe(layouts.encoder_fields())
+    for f in (*layouts.Dense.fields, *layouts.PackedTokens.fields, *batch_contract.PAIR_FIELDS,
               *batch_contract.OUTPUT_FIELDS):
         assert f"| `{f.name}` |" in table
-    assert batch_contract.ROW_KEYS == ("input_ids", "attention_mask", "token_type_ids",
-                                       "row_index")
+    assert "| `segment_ids` | [N, P] | int32 | packed_tokens: " in table
+    assert "| `row_start` | [R] | int32 | dense: " in table
 
 
 def test_exact_mode_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_config):
@@ -147,12 +160,11 @@ def test_exact_mode_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_c
     assert layout.num_entities == largest
     for encoded in (run.train, run.test):
         for batch in input_pipeline.batch_stream(encoded, layout, 2):
-            check_batch(batch, max_sentences=S)
+            layout.check(batch)
             assert batch["row_mask"].shape[2] == largest  # E: the data's, not a bucket
             assert not batch["token_type_ids"].any()
     clean = input_pipeline.prepare_data(tiny_config("clean")).layout
     assert (clean.entity_padding, clean.token_types) == ("bucket", "segments")
-    # "bucket": the row layouts round E per batch; packed_tokens fixes it (few shapes).
-    assert clean.layout == "packed_tokens" and clean.num_entities is not None
-    rows = dataclasses.replace(clean, layout="packed", num_entities=None)
-    assert rows.for_splits(run.splits).num_entities is None
+    # "bucket": dense rounds E per batch; packed_tokens fixes it (few shapes).
+    assert isinstance(clean, layouts.PackedTokens) and clean.num_entities is not None
+    assert _dense_layout().for_splits(run.splits).num_entities is None

@@ -1,10 +1,11 @@
-"""Batching: determinism, padding of the last batch, multi-process shares, bucketed shapes."""
+"""Batching: determinism, padding of the last batch, multi-process shares, bucketed shapes
+(the dense layout's), encoder load statistics."""
 
 import numpy as np
 import pytest
 
 from trip_jax.data import batching
-from trip_jax.data.features import Buckets, encode_pairs, vocabulary_texts
+from trip_jax.data.features import encode_pairs, vocabulary_texts
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair, empty_states
 
@@ -34,8 +35,11 @@ def encoded():
     return encode_pairs(pairs, load_tokenizer("word_level:bert", texts=vocabulary_texts(pairs)))
 
 
-def _all(encoded, batch_size, **kw):
-    return list(batching.batches(encoded, batch_size, **kw))
+LAYOUTS = ["packed_tokens", "dense"]
+
+
+def _all(encoded, layout, batch_size, **kw):
+    return list(layout.batches(encoded, batching.Epoch(batch_size, **kw)))
 
 
 def _same(a, b):
@@ -43,20 +47,23 @@ def _same(a, b):
         x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("layout", ["packed", "dense"])
-def test_same_seed_and_epoch_give_the_same_batches(encoded, layout):
-    first = _all(encoded, 4, shuffle=True, seed=3, epoch=1, layout=layout)
-    assert _same(first, _all(encoded, 4, shuffle=True, seed=3, epoch=1, layout=layout))
-    orders = [np.concatenate([b["pair_index"] for b in _all(encoded, 4, shuffle=True, seed=3,
-                                                             epoch=e, layout=layout)])
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_same_seed_and_epoch_give_the_same_batches(encoded, make_layout, name):
+    layout = make_layout(name)
+    first = _all(encoded, layout, 4, shuffle=True, seed=3, epoch=1)
+    assert _same(first, _all(encoded, layout, 4, shuffle=True, seed=3, epoch=1))
+    orders = [np.concatenate([b["pair_index"] for b in _all(encoded, layout, 4, shuffle=True,
+                                                             seed=3, epoch=e)])
               for e in (1, 2)]
     assert not np.array_equal(orders[0], orders[1])
-    plain = np.concatenate([b["pair_index"] for b in _all(encoded, 4, layout=layout)])
+    plain = np.concatenate([b["pair_index"] for b in _all(encoded, layout, 4)])
     assert plain.tolist() == list(range(NUM_PAIRS)) + [-1]
 
 
-def test_every_pair_once_and_padded_last_batch(encoded):
-    out = _all(encoded, 4, shuffle=True, seed=5)
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_pair_once_and_padded_last_batch(encoded, make_layout, name):
+    layout = make_layout(name)
+    out = _all(encoded, layout, 4, shuffle=True, seed=5)
     assert len(out) == batching.num_batches(NUM_PAIRS, 4) == 3
     index = np.concatenate([b["pair_index"] for b in out])
     assert sorted(index[index >= 0].tolist()) == list(range(NUM_PAIRS))
@@ -65,21 +72,25 @@ def test_every_pair_once_and_padded_last_batch(encoded):
     assert last["pair_index"][3] == -1 and not last["row_mask"][3].any()
     assert last["story_label"][3] == 0 and not last["pre_label"][3].any()
     for batch in out:
+        layout.check(batch)
         for b, i in enumerate(batch["pair_index"]):
             if i >= 0:
                 assert batch["story_label"][b] == encoded[i].label
                 assert batch["row_mask"][b].sum() == encoded[i].num_rows
-    dropped = _all(encoded, 4, shuffle=True, seed=5, drop_remainder=True)
+    dropped = _all(encoded, layout, 4, shuffle=True, seed=5, drop_remainder=True)
     assert len(dropped) == batching.num_batches(NUM_PAIRS, 4, drop_remainder=True) == 2
     assert all(b["pair_mask"].all() for b in dropped)
 
 
 @pytest.mark.parametrize("process_count", [2, 4])
-@pytest.mark.parametrize("layout", ["packed", "dense"])
-def test_process_shares_are_disjoint_and_cover_the_global_batch(encoded, process_count, layout):
-    kw = dict(shuffle=True, seed=7, epoch=2, layout=layout)
-    whole = _all(encoded, 8, **kw)
-    shares = [_all(encoded, 8, process_index=p, process_count=process_count, **kw)
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_process_shares_are_disjoint_and_cover_the_global_batch(encoded, make_layout,
+                                                                 process_count, name):
+    layout = make_layout(name)
+    kw = dict(shuffle=True, seed=7, epoch=2)
+    # Built in one piece per process, the shares are the global batch's pieces.
+    whole = _all(encoded, layout, 8, shards_per_process=process_count, **kw)
+    shares = [_all(encoded, layout, 8, process_index=p, process_count=process_count, **kw)
               for p in range(process_count)]
     assert {len(s) for s in shares} == {len(whole)}
     for g, global_batch in enumerate(whole):
@@ -90,87 +101,46 @@ def test_process_shares_are_disjoint_and_cover_the_global_batch(encoded, process
         np.testing.assert_array_equal(index, global_batch["pair_index"])
         real = index[index >= 0]
         assert len(set(real.tolist())) == real.size
-        for key in ("row_mask", "pre_label", "conflict_label", "story_label", "pair_mask"):
+        for key in ("row_mask", "pre_label", "conflict_label", "story_label", "pair_mask",
+                    "input_ids", "attention_mask", "token_type_ids"):
             np.testing.assert_array_equal(np.concatenate([b[key] for b in local]),
                                           global_batch[key])
     with pytest.raises(ValueError, match="divisible"):
-        _all(encoded, 6, process_count=4)
+        _all(encoded, layout, 6, process_count=4)
 
 
-def test_shapes_come_from_bucket_sets(encoded):
-    buckets = Buckets()
-    for layout in ("packed", "dense"):
-        for batch in _all(encoded, 2, layout=layout):
-            B, _, E, S = batch["row_mask"].shape
-            R, T = batch["input_ids"].shape
-            assert (B, S) == (2, 7) and E in (8, 12, 16) and T % 8 == 0
-            pairs = [encoded[i] for i in batch["pair_index"] if i >= 0]
-            assert T == buckets.tokens(max(p.max_length for p in pairs))
-            assert E == buckets.entities(max(p.num_entities for p in pairs))
-            if layout == "dense":
-                assert R == B * 2 * E * S
-            else:
-                assert R == buckets.rows(sum(p.num_rows for p in pairs))
-    fixed = _all(encoded, 2, seq_len=40)
+def test_dense_shapes_come_from_bucket_sets(encoded, make_layout):
+    layout = make_layout("dense")
+    buckets = layout.buckets
+    for batch in _all(encoded, layout, 2):
+        B, _, E, S = batch["row_mask"].shape
+        R, T = batch["input_ids"].shape
+        assert (B, S) == (2, 7) and E in (8, 12, 16) and T % 8 == 0
+        pairs = [encoded[i] for i in batch["pair_index"] if i >= 0]
+        assert T == buckets.tokens(max(p.max_length for p in pairs))
+        assert E == buckets.entities(max(p.num_entities for p in pairs))
+        assert R == B * 2 * E * S
+        np.testing.assert_array_equal(batch["row_start"], np.arange(R) * T)
+    fixed = _all(encoded, make_layout("dense", seq_len=40), 2)
     assert {b["input_ids"].shape[1] for b in fixed} == {40}
     with pytest.raises(ValueError, match="seq_len"):
-        _all(encoded, 2, seq_len=8)
+        _all(encoded, make_layout("dense", seq_len=8), 2)
 
 
-def test_layout_stats_counts_rows(encoded):
-    stats = batching.layout_stats(encoded, 4)
+def test_layout_stats_count_rows_tokens_and_compiled_shapes(encoded, make_layout):
     real = sum(p.num_rows for p in encoded)
-    dense = sum(b["input_ids"].shape[0] for b in _all(encoded, 4, layout="dense"))
-    assert stats["real_rows"] == real and stats["dense_rows"] == dense
-    assert stats["dense_real_fraction"] == pytest.approx(real / dense)
-    assert 0 < stats["dense_real_fraction"] < stats["packed_real_fraction"] <= 1
-
-
-def test_short_row_group_holds_each_short_row_once(encoded):
-    short_seq_len = 12
-    for batch in _all(encoded, 2, short_seq_len=short_seq_len):
-        pairs = [encoded[i] for i in batch["pair_index"] if i >= 0]
-        lengths = np.concatenate([s.lengths for p in pairs for s in p.stories])
-        n_short = int((lengths <= short_seq_len).sum())
-        buckets = Buckets()
-        assert batch["short_input_ids"].shape == (buckets.rows(n_short), short_seq_len)
-        slots = batch["row_mask"].size
-        grid = {}
-        for prefix, width in (("", batch["input_ids"].shape[1]), ("short_", short_seq_len)):
-            real = batch[prefix + "row_index"] < slots
-            assert real.sum() == (n_short if prefix else lengths.size - n_short)
-            row_lengths = batch[prefix + "attention_mask"][real].sum(axis=1)
-            assert (row_lengths <= short_seq_len).all() == bool(prefix)
-            for cell, ids, n in zip(batch[prefix + "row_index"][real],
-                                    batch[prefix + "input_ids"][real], row_lengths):
-                grid[int(cell)] = ids[:n].tolist()
-        # Every real cell is written once, with the tokens of the one-group layout.
-        one_group = next(iter(_all([encoded[i] for i in batch["pair_index"] if i >= 0], 2)))
-        expected = {int(c): ids[:m.sum()].tolist() for c, ids, m in zip(
-            one_group["row_index"], one_group["input_ids"], one_group["attention_mask"])
-            if c < slots}
-        assert grid == expected
-
-
-def test_short_row_group_errors_and_shape_keys(encoded):
-    with pytest.raises(ValueError, match="packed layout only"):
-        _all(encoded, 2, layout="dense", short_seq_len=8)
-    with pytest.raises(ValueError, match="between 1 and seq_len - 1"):
-        _all(encoded, 2, seq_len=40, short_seq_len=40)
-    plans = batching.plan_batches(encoded, 2, short_seq_len=12)
-    assert all(p.shape_key == (p.num_entities, p.num_rows, p.seq_len, p.num_short_rows, 12, 0, 0)
-               for p in plans)
-
-
-def test_layout_stats_counts_tokens_and_compiled_shapes(encoded):
-    one = batching.layout_stats(encoded, 1)
-    split = batching.layout_stats(encoded, 1, short_seq_len=12)
-    tokens = sum(b["input_ids"].size for b in _all(encoded, 1))
-    assert one["packed_tokens"] == tokens
-    assert split["packed_tokens"] == sum(b["input_ids"].size + b["short_input_ids"].size
-                                         for b in _all(encoded, 1, short_seq_len=12))
-    assert split["packed_tokens"] < one["packed_tokens"]
-    assert split["real_tokens"] == one["real_tokens"] > 0
-    assert one["packed_shapes"] == sorted({(b["row_mask"].shape[2], *b["input_ids"].shape,
-                                            0, 0, 0, 0)
-                                           for b in _all(encoded, 1)})
+    real_tokens = sum(int(s.lengths.sum()) for p in encoded for s in p.stories)
+    stats = {}
+    for name in LAYOUTS:
+        layout = make_layout(name, dedup_rows=False) if name == "packed_tokens" else (
+            make_layout(name))
+        batches = _all(encoded, layout, 4)
+        stats[name] = layout.stats(encoded, 4)
+        assert stats[name]["real_rows"] == real and stats[name]["real_tokens"] == real_tokens
+        assert stats[name]["tokens"] == sum(b["input_ids"].size for b in batches)
+        assert stats[name]["rows"] == sum(b["row_index"].size for b in batches)
+        assert stats[name]["real_fraction"] == pytest.approx(real / stats[name]["rows"])
+        assert len(stats[name]["shapes"]) == len(
+            {tuple((k, v.shape) for k, v in b.items()) for b in batches})
+    assert 0 < stats["dense"]["real_fraction"] < stats["packed_tokens"]["real_fraction"] <= 1
+    assert stats["dense"]["token_fraction"] < stats["packed_tokens"]["token_fraction"] <= 1

@@ -64,7 +64,7 @@ def check_case(case: dict, layout: str, modes: tuple[str, ...]) -> None:
     if "train" in modes and "eval" in modes:
         assert case["train"]["model_flops"] == pytest.approx(3 * case["eval"]["model_flops"])
     summary = case["epoch_layout"]
-    for name in ("packed_tokens", "packed", "dense", "reference_dense"):
+    for name in ("packed_tokens", "dense", "reference_dense"):
         assert 0 < summary[name]["real_row_fraction"] <= 1
         assert summary[name]["distinct_shapes"] >= 1
 

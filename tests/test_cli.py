@@ -75,9 +75,7 @@ def test_bad_flag_is_one_line_with_the_closest_valid_spelling(flag, expected, ca
     # Rules between keys.
     ("--config.model.tiered.detector_heads=3",
      "--config.model.tiered.detector_heads: 3 (allowed: a divisor of the detector width 32"),
-    ("--config.data.short_seq_len=8", "short_seq_len: 8 (allowed: 0 unless data.layout is "
-                                      "'packed')"),
-    ("--config.data.buckets.row_min=10", "row_min: 10 (allowed: a multiple of"),
+    ("--config.data.seq_len=32", "seq_len: 32 (allowed: 0 with data.layout 'packed_tokens'"),
     ("--config.model.random_encoder.num_attention_heads=3",
      "a divisor of model.random_encoder.hidden_size (32)"),
     ("--config.model.tokenizer=", "--config.model.tokenizer: '' (allowed: a tokenizer"),
@@ -86,6 +84,8 @@ def test_bad_flag_is_one_line_with_the_closest_valid_spelling(flag, expected, ca
     ("--config.train.selection=smoothd", "did you mean 'smoothed'?"),
     ("--config.decoding.method=coherant", "did you mean 'coherent'?"),
     ("--config.model.tiered.detector_activation=gelu2", "did you mean 'gelu'?"),
+    ("--config.data.layout=packed", "data.layout: unknown value 'packed'; did you mean "
+                                     "'packed_tokens'?"),
 ])
 def test_value_out_of_range_is_one_line_naming_key_value_and_allowed(flag, expected, tmp_path,
                                                                       capsys):

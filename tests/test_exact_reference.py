@@ -23,7 +23,7 @@ import transformers
 
 from trip_jax.models import torch_reference as ref
 from configs import base, bert, deberta, minilm, roberta, tiny
-from trip_jax.data import batching, features
+from trip_jax.data import batching, features, layouts
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
 from trip_jax.losses import LossConfig, tiered_loss
@@ -34,6 +34,11 @@ from trip_jax.optimizers import make_optimizer
 
 S = 7
 CUT = 16
+# The exact mode's layouts: rows cut at CUT tokens, zero token types, E the data's largest.
+EXACT_DATA = dict(max_sentences=S, max_length=CUT, token_types="zeros", entity_padding="data_max")
+LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=64, max_shapes=4, dedup_rows=False,
+                                                 **EXACT_DATA),
+           "dense": layouts.Dense(seq_len=CUT, buckets=features.Buckets(8, 4, 8), **EXACT_DATA)}
 LR = 1e-3
 HF_CONFIG = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=64, max_position_embeddings=32, type_vocab_size=2,
@@ -77,15 +82,15 @@ def encoded(tokenizer):
 
 
 def one_batch(encoded, layout: str) -> dict[str, np.ndarray]:
-    """The first pair, entities padded to the data's largest count, T = 16."""
-    (batch,) = batching.batches(encoded[:1], 1, layout=layout, seq_len=CUT, max_sentences=S,
-                                num_entities=features.max_entities(encoded))
+    """The first pair, entities padded to the data's largest count (dense: T = 16)."""
+    layout = dataclasses.replace(LAYOUTS[layout], num_entities=features.max_entities(encoded))
+    (batch,) = layout.batches(encoded[:1], batching.Epoch(1))
     return batch
 
 
 @pytest.fixture(scope="module")
 def packed(encoded):
-    return one_batch(encoded, "packed")
+    return one_batch(encoded, "packed_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -169,14 +174,13 @@ def test_token_types_are_all_zero_in_exact_mode(tokenizer, encoded, packed):
 def test_entities_are_padded_to_the_data_maximum(encoded):
     assert features.max_entities(encoded) == 4
     assert features.max_entities(encoded[:1], encoded[1:]) == 4
-    for layout in ("packed", "dense"):
-        plans = batching.plan_batches(encoded, 1, layout=layout, max_sentences=S,
-                                      num_entities=4)
+    for layout in LAYOUTS.values():
+        plans = dataclasses.replace(layout, num_entities=4).plan(encoded, batching.Epoch(1))
         assert [p.num_entities for p in plans] == [4, 4]
-    bucketed = batching.plan_batches(encoded[:1], 1, max_sentences=S)
-    assert bucketed[0].num_entities == 8  # default buckets start at 8
-    with pytest.raises(ValueError, match="num_entities"):
-        batching.plan_batches(encoded, 1, max_sentences=S, num_entities=3)
+        with pytest.raises(ValueError, match="num_entities"):
+            dataclasses.replace(layout, num_entities=3).plan(encoded, batching.Epoch(1))
+    bucketed = LAYOUTS["dense"].plan(encoded[:1], batching.Epoch(1))
+    assert bucketed[0].num_entities == 8  # the buckets start at 8
 
 
 def test_the_16_token_cut_is_reported(tokenizer, caplog):
@@ -281,12 +285,12 @@ def test_exact_optimizer_step_matches_the_pytorch_reference(both_steps, params, 
     assert moved > 1000
 
 
-def test_real_rows_layout_of_the_reference_equals_the_padded_one(packed, encoded, torch_model):
+def test_real_rows_layout_of_the_reference_equals_the_padded_one(encoded, torch_model):
     dense = one_batch(encoded, "dense")
     with torch.no_grad():
         padded = torch_model.forward_padded(
             **ref.padded_inputs(dense, pad_id=encoded[0].pad_id, seq_len=CUT))
-        rows = torch_model.forward_rows(**ref.row_inputs(packed))
+        rows = torch_model.forward_rows(**ref.row_inputs(dense))
     for key in ("conflict_logits", "conflict_prob", "story_score"):
         np.testing.assert_allclose(rows[key].numpy(), padded[key].numpy(), atol=1e-5)
     for a in range(len(EXACT.num_classes)):

@@ -1,4 +1,5 @@
-"""Features: rows, labels and masks on hand-checked pairs; packed <-> dense; truncation; buckets."""
+"""Features: rows, labels and masks on hand-checked pairs in both layouts (packed_tokens <->
+dense); truncation; buckets."""
 
 import importlib.util
 import itertools
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from trip_jax.data import features
-from trip_jax.data.features import Buckets, build_batch, encode_pairs
+from trip_jax.data.batching import BatchPlan
+from trip_jax.data.features import Buckets, encode_pairs
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair, empty_states
 
@@ -55,30 +57,66 @@ def _minilm():
     return load_tokenizer(os.path.join(list(spec.submodule_search_locations)[0], "model"))
 
 
-def _batch(encoded, layout, E=3, S=4, T=16, **kw):
-    return build_batch(encoded, list(range(len(encoded))), layout=layout, num_entities=E,
-                       seq_len=T, pad_id=encoded[0].pad_id, max_sentences=S, **kw)
+@pytest.fixture(scope="module")
+def build(make_layout):
+    """``build(encoded, name, E=3, S=4, T=16, index=None)``: one batch of layout ``name``
+    ("dense": T tokens a row; "packed_tokens": no row dedup, exact sizes)."""
+
+    def make(encoded, name, E=3, S=4, T=16, index=None):
+        index = list(range(len(encoded))) if index is None else index
+        pad_id = next(p for p in encoded if p is not None).pad_id
+        if name == "dense":
+            layout, sizes = make_layout("dense", max_sentences=S), {"T": T}
+        else:
+            layout, sizes = make_layout(name, max_sentences=S, dedup_rows=False), {}
+        batch = layout.build(encoded, BatchPlan(np.asarray(index, np.int32), E, sizes), pad_id)
+        layout.check(batch)
+        return batch
+
+    return make
 
 
-def _tokens(tokenizer, ids, mask):
-    return tokenizer.convert_ids_to_tokens([int(i) for i, m in zip(ids, mask) if m])
+def _row(batch, r):
+    """(token ids, token type ids) of encoder row r: its tokens from ``row_start`` to the end of
+    its segment (packed_tokens) or of its attention mask (dense)."""
+    ids, types = batch["input_ids"].reshape(-1), batch["token_type_ids"].reshape(-1)
+    start = int(batch["row_start"][r])
+    if "segment_ids" in batch:
+        segments = batch["segment_ids"].reshape(-1)
+        n = int(np.argmax(np.r_[segments[start:] != segments[start], True]))
+    else:
+        n = int(batch["attention_mask"][r].sum())
+    return ids[start:start + n].tolist(), types[start:start + n].tolist()
+
+
+def _tokens(tokenizer, ids):
+    return tokenizer.convert_ids_to_tokens([int(i) for i in ids])
 
 
 @pytest.mark.parametrize("style", ["bert", "roberta"])
-def test_hand_pair_shapes_labels_masks_and_rows(style):
+def test_hand_pair_shapes_labels_masks_and_rows(style, build):
     pair = _hand_pair()
     tokenizer = _tokenizer(style, [pair])
     (enc,) = encode_pairs([pair], tokenizer)
-    dense, packed = _batch([enc], "dense"), _batch([enc], "packed")
+    dense, packed = build([enc], "dense"), build([enc], "packed_tokens")
     B, E, S, T = 1, 3, 4, 16
-    for batch, R in ((dense, B * 2 * E * S), (packed, 13)):
-        assert batch["input_ids"].shape == batch["attention_mask"].shape == (R, T)
-        assert batch["token_type_ids"].shape == (R, T) and batch["row_index"].shape == (R,)
-        assert {k: v.dtype.name for k, v in batch.items()} == {
-            "input_ids": "int32", "attention_mask": "int32", "token_type_ids": "int32",
-            "row_index": "int32", "row_mask": "bool", "pre_label": "int32", "eff_label": "int32",
-            "conflict_label": "int32", "story_label": "int32", "pair_mask": "bool",
-            "pair_index": "int32"}
+    R = B * 2 * E * S
+    assert dense["input_ids"].shape == dense["attention_mask"].shape == (R, T)
+    assert dense["token_type_ids"].shape == (R, T) and dense["row_index"].shape == (R,)
+    np.testing.assert_array_equal(dense["row_start"], np.arange(R) * T)
+    assert packed["row_index"].shape == packed["row_start"].shape == (13,)
+    pair_dtypes = {"row_mask": "bool", "pre_label": "int32", "eff_label": "int32",
+                   "conflict_label": "int32", "story_label": "int32", "pair_mask": "bool",
+                   "pair_index": "int32"}
+    assert {k: v.dtype.name for k, v in dense.items()} == {
+        "input_ids": "int32", "attention_mask": "int32", "token_type_ids": "int32",
+        "row_start": "int32", "row_index": "int32", **pair_dtypes}
+    assert {k: v.dtype.name for k, v in packed.items()} == {
+        "input_ids": "int32", "attention_mask": "int32", "token_type_ids": "int32",
+        "segment_ids": "int32", "row_start": "int32", "row_index": "int32",
+        "track_index": "int32", **pair_dtypes}
+    for key in pair_dtypes:
+        np.testing.assert_array_equal(packed[key], dense[key])
     batch = dense
     expected_mask = np.zeros((1, 2, E, S), bool)
     expected_mask[0, 0, :2, :2] = expected_mask[0, 1, :3, :3] = True
@@ -103,23 +141,22 @@ def test_hand_pair_shapes_labels_masks_and_rows(style):
         expected = ["<s>", "cup", "</s>", "</s>", "ann", "broke", "the", "cup", ".", "</s>"]
         types = [0] * 10
     for b, row in ((dense, 13), (packed, 5)):
-        assert _tokens(tokenizer, b["input_ids"][row], b["attention_mask"][row]) == expected
-        assert b["attention_mask"][row].sum() == len(expected)
-        assert b["token_type_ids"][row, :len(expected)].tolist() == types
-        assert (b["input_ids"][row, len(expected):] == tokenizer.pad_token_id).all()
+        ids, row_types = _row(b, row)
+        assert _tokens(tokenizer, ids) == expected and row_types == types
+    assert (dense["input_ids"][13, len(expected):] == tokenizer.pad_token_id).all()
     assert packed["row_index"][5] == 13
     # A dense padding row (story 0, entity 0, sentence 2) is pad tokens attending to position 0.
     assert (dense["input_ids"][2] == tokenizer.pad_token_id).all()
     assert dense["attention_mask"][2].tolist() == [1] + [0] * (T - 1)
 
 
-def test_dev_pair_conflict_rule_and_minilm_rows(data_dir):
+def test_dev_pair_conflict_rule_and_minilm_rows(data_dir, build):
     pair, records = _dev_pair(data_dir, 0)
     tokenizer = _minilm()
     (enc,) = encode_pairs([pair], tokenizer)
     assert pair.label == 0 and pair.stories[1].conflict == (3, 4)
-    batch = _batch([enc], "packed", E=12, S=7, T=32)
-    assert batch["row_mask"].sum() == 12 * 5 + 9 * 5 == batch["input_ids"].shape[0]
+    batch = build([enc], "packed_tokens", E=12, S=7)
+    assert batch["row_mask"].sum() == 12 * 5 + 9 * 5 == batch["row_start"].shape[0]
     # Rule re-derived from the raw JSON: entities with any non-zero label at sentence 3 or 4.
     raw = np.asarray(records[1]["states"])
     involved = [e for e in range(raw.shape[0]) if raw[e, [3, 4]].any()]
@@ -129,60 +166,54 @@ def test_dev_pair_conflict_rule_and_minilm_rows(data_dir):
     np.testing.assert_array_equal(batch["conflict_label"][0, 1], expected)
     assert batch["conflict_label"][0, 0].sum() == 0
     # First row: entity "knife", sentence 0; "hot pizza" (entity 10) is two first-segment tokens.
-    mask = batch["attention_mask"]
-    assert _tokens(tokenizer, batch["input_ids"][0], mask[0]) == [
+    assert _tokens(tokenizer, _row(batch, 0)[0]) == [
         "[CLS]", "knife", "[SEP]", "john", "was", "getting", "the", "snacks", "ready", "for",
         "the", "party", ".", "[SEP]"]
-    hot = 10 * 5
-    assert _tokens(tokenizer, batch["input_ids"][hot], mask[hot])[:5] == [
-        "[CLS]", "hot", "pizza", "[SEP]", "john"]
-    assert batch["token_type_ids"][hot, :5].tolist() == [0, 0, 0, 0, 1]
+    hot_ids, hot_types = _row(batch, 10 * 5)
+    assert _tokens(tokenizer, hot_ids)[:5] == ["[CLS]", "hot", "pizza", "[SEP]", "john"]
+    assert hot_types[:5] == [0, 0, 0, 0, 1]
 
 
 @pytest.mark.parametrize("style", ["bert", "roberta"])
-def test_packed_scatters_onto_dense(data_dir, style):
+def test_packed_tokens_rows_equal_the_dense_rows(data_dir, style, build):
     pairs = [_hand_pair(), _dev_pair(data_dir, 1)[0], _hand_pair()]
     (enc_a, enc_b, enc_c) = encode_pairs(pairs, _tokenizer(style, pairs))
     encoded = [enc_a, enc_b, None, enc_c]   # a padding pair in the middle
     E, S, T = 12, 7, 40
-    kw = dict(num_entities=E, seq_len=T, pad_id=enc_a.pad_id, max_sentences=S)
     index = [0, 1, -1, 2]
-    dense = build_batch(encoded, index, layout="dense", **kw)
+    dense = build(encoded, "dense", E=E, S=S, T=T, index=index)
+    packed = build(encoded, "packed_tokens", E=E, S=S, index=index)
     real = sum(p.num_rows for p in encoded if p)
-    packed = build_batch(encoded, index, layout="packed", num_rows=real + 7, **kw)
     slots = 4 * 2 * E * S
-    assert (packed["row_index"][real:] == slots).all()
-    assert np.all(np.diff(packed["row_index"][:real]) > 0)
+    assert packed["row_index"].shape == (real,) and np.all(np.diff(packed["row_index"]) > 0)
     for key in ("row_mask", "pre_label", "eff_label", "conflict_label", "story_label",
                 "pair_mask", "pair_index"):
         np.testing.assert_array_equal(packed[key], dense[key])
     real_rows = dense["row_mask"].reshape(-1)
     assert real_rows.sum() == real and not dense["row_mask"][2].any()
-    for key in ("input_ids", "attention_mask", "token_type_ids"):
-        # Scatter with the sentinel row dropped, as a model scatter with mode="drop" does.
-        grid = np.full((slots + 1, T), -1, np.int32)
-        grid[packed["row_index"]] = packed[key]
-        np.testing.assert_array_equal(grid[:slots][real_rows], dense[key][real_rows])
-        np.testing.assert_array_equal(grid[packed["row_index"][:real]], packed[key][:real])
+    assert set(packed["row_index"].tolist()) == set(np.flatnonzero(real_rows).tolist())
+    for r, cell in enumerate(packed["row_index"]):
+        assert cell < slots and _row(packed, r) == _row(dense, int(cell))
     pad_rows = ~real_rows
     assert (dense["input_ids"][pad_rows] == enc_a.pad_id).all()
     assert (dense["attention_mask"][pad_rows].sum(axis=1) == 1).all()
-    assert (packed["attention_mask"][real:, 0] == 1).all()
 
 
-def test_scatter_with_jax_drop_ignores_padding_rows():
+def test_scatter_with_jax_drop_ignores_padding_rows(make_layout):
     jnp = pytest.importorskip("jax.numpy")
     pairs = [_hand_pair()]
     (enc,) = encode_pairs(pairs, _tokenizer("bert", pairs))
-    dense, packed = _batch([enc], "dense"), _batch([enc], "packed", num_rows=16)
-    rows = jnp.zeros(dense["input_ids"].shape, jnp.int32).at[packed["row_index"]].set(
-        packed["input_ids"], mode="drop")
-    real = dense["row_mask"].reshape(-1)
-    np.testing.assert_array_equal(np.asarray(rows)[real], dense["input_ids"][real])
-    assert not np.asarray(rows)[~real].any()
+    layout = make_layout("packed_tokens", max_sentences=4, dedup_rows=False)
+    packed = layout.build([enc], BatchPlan(np.zeros(1, np.int32), 3, {"R": 16}), enc.pad_id)
+    assert (packed["row_index"][13:] == 2 * 3 * 4).all()  # padding rows point past the grid
+    first = packed["input_ids"].reshape(-1)[packed["row_start"]]
+    cells = jnp.zeros(2 * 3 * 4, jnp.int32).at[packed["row_index"]].set(first, mode="drop")
+    real = packed["row_mask"].reshape(-1)
+    assert (np.asarray(cells)[real] == first[0]).all()  # every row starts with [CLS]
+    assert not np.asarray(cells)[~real].any()
 
 
-def test_truncation_report_and_logged_cut(caplog):
+def test_truncation_report_and_logged_cut(caplog, build):
     pairs = [_hand_pair()]
     tokenizer = _tokenizer("bert", pairs)
     (full,) = encode_pairs(pairs, tokenizer)
@@ -204,27 +235,21 @@ def test_truncation_report_and_logged_cut(caplog):
         encode_pairs(pairs, tokenizer, max_length=10)
     assert caplog.text == ""
     with pytest.raises(ValueError, match="seq_len"):
-        _batch([full], "dense", T=8)
+        build([full], "dense", T=8)
 
 
-def test_too_many_sentences_is_a_clear_error():
+def test_too_many_sentences_is_a_clear_error(build):
     pairs = [_hand_pair()]
     with pytest.raises(ValueError, match="'hand'.*3 sentences.*max_sentences=2"):
         encode_pairs(pairs, _tokenizer("bert", pairs), max_sentences=2)
     (enc,) = encode_pairs(pairs, _tokenizer("bert", pairs))
     with pytest.raises(ValueError, match="3 entities"):
-        _batch([enc], "dense", E=2)
+        build([enc], "dense", E=2)
 
 
 def test_buckets_bounds():
-    buckets = Buckets()
+    buckets = Buckets(entity_min=8, entity_step=4, token_multiple=8)
     assert [buckets.entities(n) for n in (0, 1, 8, 9, 12, 13, 27)] == [8, 8, 8, 12, 12, 16, 28]
     assert [buckets.tokens(n) for n in (1, 8, 9, 31, 39)] == [8, 8, 16, 32, 40]
-    values = sorted({buckets.rows(n) for n in range(1, 321)})
-    assert values == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320]
-    for n in range(1, 5000):
-        r = buckets.rows(n)
-        assert n <= r <= max(16, 1.25 * n)
-    assert len({buckets.rows(n) for n in range(1, 5000)}) <= 4 * 9 + 1
-    with pytest.raises(ValueError, match="rows_per_octave"):
-        Buckets(row_min=10)
+    with pytest.raises(ValueError, match="token_multiple"):
+        Buckets(entity_min=8, entity_step=4, token_multiple=0)

@@ -158,5 +158,5 @@ def test_paper_grid_times_the_paper_configs_and_plans_their_reduced_depths():
     assert cases.LAYOUTS["config"].overrides == {}
     spec = dataclasses.asdict(timed[0])
     assert run._case_args(cases.Case(**{**spec, "modes": ("train",)}),
-                          argparse.Namespace(dtype=None, remat=None, prng_impl=None,
-                                                 short_seq_len=None))[1].count("largest") == 1
+                          argparse.Namespace(dtype=None, remat=None, prng_impl=None)
+                          )[1].count("largest") == 1

@@ -1,8 +1,8 @@
 """Heads and detector on real cells only (``TieredConfig.cells = "real"``) against the grid.
 
-Batches of two real dev pairs and one padding pair, with a padding entity slot, in the packed
-and the dense layout; ``track_index`` from ``features.track_index``. With the same parameters,
-cells="real" must give the grid's outputs and loss for every option that changes the path.
+Batches of two real dev pairs and one padding pair, with a padding entity slot, in the
+packed_tokens and the dense layout; ``track_index`` from ``packing.track_index``. With the same
+parameters, cells="real" must give the grid's outputs and loss for every option that changes the path.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import transformers
 
-from trip_jax.data import features, readers
+from trip_jax.data import features, layouts, readers
+from trip_jax.data.batching import BatchPlan
+from trip_jax.data.layouts import packing
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.losses import LossConfig, tiered_loss
 from trip_jax.models.cells import cell_view
@@ -34,6 +36,10 @@ OPTIONS = {
 FLOAT_KEYS = ("pre_logits", "eff_logits", "conflict_logits", "conflict_prob", "story_score")
 PRED_KEYS = ("pre_pred", "eff_pred", "story_pred")
 TRANSITION_PARAMS = ("transitions_proj", "transitions_out")
+COMMON = dict(max_sentences=S, max_length=None, token_types="segments", entity_padding="bucket")
+LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=64, max_shapes=1, dedup_rows=False,
+                                                 **COMMON),
+           "dense": layouts.Dense(seq_len=None, buckets=features.Buckets(8, 4, 8), **COMMON)}
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +58,16 @@ def make_model(vocab_size: int, **options):
 
 def make_batch(encoded_pairs, layout: str, spare_tracks: int = 0):
     """The two pairs, a padding pair and one padding entity slot. Both layouts have B*2*E*S
-    encoder rows (the packed one: mostly padding rows), so that the eager per-op compilations
-    of one serve the other."""
+    encoder rows (packed_tokens: mostly padding rows); the model runs the detector on
+    ``track_index`` with ``spare_tracks`` padding entries."""
     num_entities = max(p.num_entities for p in encoded_pairs) + 1
-    batch = features.build_batch(
-        [*encoded_pairs, None], [0, 1, -1], layout=layout, num_entities=num_entities,
-        seq_len=features.max_row_length(encoded_pairs), pad_id=encoded_pairs[0].pad_id,
-        max_sentences=S, num_rows=3 * 2 * num_entities * S if layout == "packed" else None)
-    real_tracks = features.track_index(batch["row_mask"]).size
-    batch["track_index"] = features.track_index(batch["row_mask"], real_tracks + spare_tracks)
+    sizes = ({"R": 3 * 2 * num_entities * S} if layout == "packed_tokens"
+             else {"T": features.max_row_length(encoded_pairs)})
+    batch = LAYOUTS[layout].build([*encoded_pairs, None],
+                                  BatchPlan(np.asarray([0, 1, -1], np.int32), num_entities, sizes),
+                                  encoded_pairs[0].pad_id)
+    real_tracks = packing.track_index(batch["row_mask"]).size
+    batch["track_index"] = packing.track_index(batch["row_mask"], real_tracks + spare_tracks)
     return batch
 
 
@@ -68,7 +75,8 @@ def make_batch(encoded_pairs, layout: str, spare_tracks: int = 0):
 def batches(encoded):
     pairs, _ = encoded
     # The dense batch's track_index has 3 padding entries past the real tracks.
-    return {"packed": make_batch(pairs, "packed"), "dense": make_batch(pairs, "dense", 3)}
+    return {"packed_tokens": make_batch(pairs, "packed_tokens"),
+            "dense": make_batch(pairs, "dense", 3)}
 
 
 def random_params(model, batch):
@@ -89,7 +97,7 @@ def random_params(model, batch):
 @pytest.fixture(scope="module")
 def params(encoded, batches):
     """Parameters of every option (those of state_transitions included)."""
-    return random_params(make_model(encoded[1], state_transitions=True), batches["packed"])
+    return random_params(make_model(encoded[1], state_transitions=True), batches["packed_tokens"])
 
 
 def options_params(params, options):
@@ -100,7 +108,7 @@ def options_params(params, options):
 
 
 def test_batches_have_every_kind_of_padding(batches):
-    packed = batches["packed"]
+    packed = batches["packed_tokens"]
     row_mask = packed["row_mask"]
     cells, tracks = row_mask.size, row_mask.size // S
     assert (packed["row_index"] == cells).any()                     # padding encoder rows
@@ -113,7 +121,7 @@ def test_batches_have_every_kind_of_padding(batches):
     assert spare.size == packed["track_index"].size + 3 and (spare[-3:] == tracks).all()
 
 
-@pytest.mark.parametrize("layout", ["packed", "dense"])
+@pytest.mark.parametrize("layout", ["packed_tokens", "dense"])
 @pytest.mark.parametrize("option", sorted(OPTIONS))
 def test_real_cells_equal_the_grid(encoded, batches, params, layout, option):
     batch = batches[layout]
@@ -136,7 +144,7 @@ def test_real_cells_equal_the_grid(encoded, batches, params, layout, option):
 
 def test_heads_and_detector_see_only_real_rows_and_tracks(encoded, batches, params):
     """The heads run on R + 1 rows and the detector on K + 1 tracks, never on the grid."""
-    batch = batches["packed"]
+    batch = batches["packed_tokens"]
     model = make_model(encoded[1], cells="real")
     _, state = model.apply({"params": options_params(params, {})}, batch,
                            capture_intermediates=True, mutable=["intermediates"])
@@ -148,7 +156,7 @@ def test_heads_and_detector_see_only_real_rows_and_tracks(encoded, batches, para
 
 
 def test_training_mode_and_parameters(encoded, batches, params):
-    batch = batches["packed"]
+    batch = batches["packed_tokens"]
     options = dict(state_transitions=True)
     real = make_model(encoded[1], cells="real", **options)
     grid = make_model(encoded[1], **options)
@@ -181,7 +189,7 @@ def test_training_mode_and_parameters(encoded, batches, params):
 
 
 def test_without_track_index_every_track_runs(encoded, batches, params):
-    batch = batches["packed"]
+    batch = batches["packed_tokens"]
     p = {"params": options_params(params, {})}
     named = make_model(encoded[1], cells="real").apply(p, batch)
     every = make_model(encoded[1], cells="real").apply(
@@ -197,14 +205,14 @@ def test_track_index_lists_tracks_with_a_real_row():
     row_mask[0, 0, 0, :3] = True               # track 0
     row_mask[0, 1, 2, 0] = True                # track 5
     row_mask[1, 1, 1, :] = True                # track 10
-    np.testing.assert_array_equal(features.track_index(row_mask), [0, 5, 10])
-    padded = features.track_index(row_mask, num_tracks=5)
+    np.testing.assert_array_equal(packing.track_index(row_mask), [0, 5, 10])
+    padded = packing.track_index(row_mask, num_tracks=5)
     assert padded.dtype == np.int32
     np.testing.assert_array_equal(padded, [0, 5, 10, 12, 12])
     with pytest.raises(ValueError, match="3 real tracks"):
-        features.track_index(row_mask, num_tracks=2)
-    assert features.track_index(np.zeros((1, 2, 2, 4), bool), 2).tolist() == [4, 4]
-    assert features.track_index(np.zeros((1, 2, 2, 4), bool)).size == 0
+        packing.track_index(row_mask, num_tracks=2)
+    assert packing.track_index(np.zeros((1, 2, 2, 4), bool), 2).tolist() == [4, 4]
+    assert packing.track_index(np.zeros((1, 2, 2, 4), bool)).size == 0
 
 
 def test_cell_views_place_rows_and_padding_on_the_grid_and_tracks():

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
-from trip_jax import batch_contract, sharding
+from trip_jax import sharding
 
 STEPS = 3
 # XLA:CPU's LLVM optimisations dominate the compile time of these few-step programs; the check
@@ -47,23 +47,6 @@ def test_mesh_sizes_are_checked():
         sharding.create_mesh(ConfigDict(dict(data=-1, fsdp=-1)))
 
 
-def test_pad_rows_adds_rows_the_model_drops():
-    batch = {"input_ids": np.ones((5, 3), np.int32), "attention_mask": np.ones((5, 3), np.int32),
-             "token_type_ids": np.zeros((5, 3), np.int32),
-             "row_index": np.arange(5, dtype=np.int32), "row_mask": np.ones((1, 2, 1, 7), bool)}
-    padded = sharding.pad_rows(batch, 4)
-    assert padded["input_ids"].shape == (8, 3)
-    np.testing.assert_array_equal(padded["row_index"][5:], [14, 14, 14])  # one past B*2*E*S
-    np.testing.assert_array_equal(padded["attention_mask"][5:], [[1, 0, 0]] * 3)
-    assert sharding.pad_rows(batch, 5)["input_ids"].shape == (5, 3)
-    # A batch with the short-row group pads each group on its own.
-    grouped = {**batch, **{"short_" + k: batch[k][:2, :2] if batch[k].ndim == 2
-                           else batch[k][:2] for k in batch_contract.ROW_KEYS}}
-    padded = sharding.pad_rows(grouped, 4)
-    assert padded["input_ids"].shape == (8, 3) and padded["short_input_ids"].shape == (4, 2)
-    np.testing.assert_array_equal(padded["short_row_index"], [0, 1, 14, 14])
-
-
 def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     """Trains STEPS steps of the tiny config on each layout of LAYOUTS from the same
     initialisation; saves the FSDP parameters and restores them on one device."""
@@ -75,12 +58,12 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     from configs import tiny
     from trip_jax import builders, checkpoints, evaluate, input_pipeline, losses, optimizers
     from trip_jax.training import state as train_state, step as train_step
+    from trip_jax.data import layouts
 
     config = tiny.get_config()
     config.data.data_dir = data_dir
     config.data.max_pairs = 16
     config.train.batch_size = 8
-    config.data.buckets.row_min = 1024  # every batch of 8 pairs fits: one compilation
     # Smaller programs compile faster; the encoder keeps its dropout (sharded random bits).
     config.model.random_encoder.num_hidden_layers = 1
     config.model.tiered.update(dict(head_dropout=0.0, projection_dropout=0.0,
@@ -118,18 +101,20 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
         specs[name] = sorted({str(s.spec) for s in jax.tree.leaves(shardings.params)})
         meshes[name] = (mesh, state)
 
-    # The short-row group (data.short_seq_len) split over 8 devices predicts like one group.
-    short_layout = dataclasses.replace(data.layout, layout="packed", short_seq_len=8)
-    short_local = next(iter(input_pipeline.batch_stream(data.train, short_layout, 8,
+    # The dense layout split over 8 devices predicts like packed_tokens (the same E).
+    config.data.layout = "dense"
+    dense_layout = dataclasses.replace(layouts.from_config(config.data),
+                                       num_entities=data.layout.num_entities)
+    dense_local = next(iter(input_pipeline.batch_stream(data.train, dense_layout, 8,
                                                         shuffle=True, seed=config.train.seed,
-                                                        epoch=0)))
-    assert "short_input_ids" in short_local
+                                                        epoch=0, shards=8)))
+    assert "segment_ids" not in dense_local
     mesh, state = meshes["data_parallel"]
     eval_step = evaluate.make_eval_step(model, loss_config, mesh,
                                      jax.tree.map(lambda x: x.sharding, state.params))
     one = eval_step(state.params, sharding.global_batch(local_batches[0], mesh))
-    two = eval_step(state.params, sharding.global_batch(short_local, mesh))
-    short_group_diff = max(float(np.max(np.abs(np.asarray(one[k], np.float64) -
+    two = eval_step(state.params, sharding.global_batch(dense_local, mesh))
+    dense_diff = max(float(np.max(np.abs(np.asarray(one[k], np.float64) -
                                                np.asarray(two[k], np.float64))))
                            for k in ("conflict_prob", "story_score", "pre_pred", "eff_pred"))
 
@@ -150,7 +135,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     base_losses, base_params = runs["one_device"]
     result = {"device_count": jax.device_count(), "specs": specs, "losses": {},
               "param_diff": {}, "restored_devices": sorted(restored_devices),
-              "restore_diff": restore_diff, "short_group_diff": short_group_diff}
+              "restore_diff": restore_diff, "dense_diff": dense_diff}
     for name, (run_losses, run_params) in runs.items():
         result["losses"][name] = run_losses
         result["param_diff"][name] = max(
@@ -185,4 +170,4 @@ def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir):
     # The FSDP checkpoint (8 devices) restores bit-for-bit onto a single device.
     assert result["restored_devices"] == [1]
     assert result["restore_diff"] == 0.0
-    assert result["short_group_diff"] < 1e-5
+    assert result["dense_diff"] < 1e-5

@@ -1,7 +1,7 @@
 """Tests of the tiered model on a tiny config: shapes, masking, layouts, heads, stop-gradient.
 
-Batches come from ``trip_jax.data.features`` on two small hand-made pairs. The packed and dense
-batches share R (48 encoder rows), so the eager per-op compilations are reused across tests.
+Batches come from the layouts (``trip_jax.data.layouts``) on two small hand-made pairs: the
+packed_tokens batch has R = 48 encoder rows (with padding rows), as many as the dense one.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 import transformers
 
 from trip_jax import schema
-from trip_jax.data import features
+from trip_jax.data import features, layouts
+from trip_jax.data.batching import BatchPlan
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
 from trip_jax.losses import LossConfig, tiered_loss
@@ -27,6 +28,10 @@ from trip_jax.models.tiered import (NEG_LOGIT, StateHeads, TieredConfig, TieredM
 S = 4       # sentences per story (tiny)
 E = 3       # entities per story in the batch
 ROWS = 48   # encoder rows of every batch: B*2*E*S for the dense layout
+COMMON = dict(max_sentences=S, max_length=None, token_types="segments", entity_padding="bucket")
+LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=32, max_shapes=1, dedup_rows=False,
+                                                 **COMMON),
+           "dense": layouts.Dense(seq_len=None, buckets=features.Buckets(8, 4, 8), **COMMON)}
 TINY = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=16,
                     detector_layers=2, detector_heads=4, detector_ff=64)
 WEIGHTS = LossConfig(0.3, 0.3, 0.2, 0.2)
@@ -67,18 +72,19 @@ def encoded():
 
 
 def make_batch(encoded, layout: str, *, num_entities: int = E, pad_pairs: int = 0):
-    """Batch arrays of the encoded pairs plus ``pad_pairs`` padding pairs."""
+    """Batch arrays of the encoded pairs plus ``pad_pairs`` padding pairs (packed_tokens: R =
+    ROWS rows; dense: rows as long as the longest)."""
     pairs = list(encoded) + [None] * pad_pairs
-    return features.build_batch(
-        pairs, list(range(len(encoded))) + [-1] * pad_pairs, layout=layout,
-        num_entities=num_entities, seq_len=features.max_row_length(encoded),
-        pad_id=encoded[0].pad_id, max_sentences=S,
-        num_rows=ROWS if layout == "packed" else None)
+    index = np.asarray(list(range(len(encoded))) + [-1] * pad_pairs, np.int32)
+    sizes = {"R": ROWS} if layout == "packed_tokens" else {
+        "T": features.max_row_length(encoded)}
+    return LAYOUTS[layout].build(pairs, BatchPlan(index, num_entities, sizes),
+                                 encoded[0].pad_id)
 
 
 @pytest.fixture(scope="module")
 def packed(encoded):
-    return make_batch(encoded, "packed")
+    return make_batch(encoded, "packed_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +165,7 @@ def test_packed_and_dense_layouts_agree(encoded, packed, params, padding_mask):
 
 def test_padding_entities_and_pairs_change_neither_outputs_nor_loss(encoded, packed, params,
                                                                     outputs):
-    padded = make_batch(encoded, "packed", num_entities=E + 1, pad_pairs=1)
+    padded = make_batch(encoded, "packed_tokens", num_entities=E + 1, pad_pairs=1)
     out_padded = forward(make_model(), params, padded)
     for key in ("pre_logits", "pre_pred", "eff_pred", "conflict_prob"):
         np.testing.assert_allclose(out_padded[key][:2, :, :E], outputs[key],
@@ -273,27 +279,6 @@ def test_sentence_count_must_match_config(packed, params):
     model = make_model(dataclasses.replace(TINY, max_sentences=S + 1))
     with pytest.raises(ValueError, match="max_sentences"):
         model.apply({"params": params}, packed)
-
-
-@pytest.mark.parametrize("groups", ["split", "all_short"])
-def test_short_row_group_gives_the_outputs_of_one_group(encoded, packed, params, outputs, groups):
-    # "split": a length between the shortest and longest row splits the rows in two groups;
-    # "all_short": every row goes
-    # to the short group (the main group has 0 rows). A row's encoding must not depend on it.
-    lengths = np.concatenate([s.lengths for p in encoded for s in p.stories])
-    longest = int(lengths.max())
-    short_seq_len = int(np.unique(lengths)[-2]) if groups == "split" else longest
-    split = features.build_batch(list(encoded), [0, 1], layout="packed", num_entities=E,
-                                 seq_len=longest + 1, pad_id=encoded[0].pad_id, max_sentences=S,
-                                 short_seq_len=short_seq_len)
-    assert split["short_input_ids"].shape[1] == short_seq_len
-    assert split["short_input_ids"].shape[0] == (lengths <= short_seq_len).sum()
-    assert split["input_ids"].shape[0] == (lengths > short_seq_len).sum()
-    assert (split["input_ids"].shape[0] == 0) == (groups == "all_short")
-    out_split = forward(make_model(), params, split)
-    for key in outputs:
-        np.testing.assert_allclose(out_split[key], outputs[key], rtol=1e-5, atol=1e-5,
-                                   err_msg=key)
 
 
 def test_transition_features_equal_a_loop_over_sentence_pairs():

@@ -204,11 +204,11 @@ def test_loss_preset_argument_and_overrides():
         tiny.get_config("no_such_preset")
 
 
-def test_short_row_group_scores_a_checkpoint_like_packed_tokens(tiny_config, full_run):
+def test_dense_layout_scores_a_checkpoint_like_packed_tokens(tiny_config, full_run):
     workdir, _ = full_run
     config = tiny_config()
     one = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
-    config.data.layout, config.data.short_seq_len = "packed", 12
+    config.data.layout = "dense"
     two = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
     for key in ("accuracy", "consistency", "verifiability"):
         assert one[key] == two[key], key
@@ -218,12 +218,12 @@ def test_short_row_group_scores_a_checkpoint_like_packed_tokens(tiny_config, ful
 def test_speed_options_train(tiny_config, tmp_path):
     config = tiny_config()
     config.train.num_epochs = 1
-    config.data.layout, config.data.seq_len, config.data.short_seq_len = "packed", 32, 12
+    config.data.layout, config.data.seq_len = "dense", 32
     config.train.prng_impl = "rbg"
     data = input_pipeline.prepare_data(config)
     batch = next(input_pipeline.batch_stream(data.train, data.layout, 2, shuffle=True,
                                              seed=config.train.seed, epoch=0))
-    assert batch["short_input_ids"].shape[1] == 12 and batch["input_ids"].shape[1] == 32
+    assert batch["input_ids"].shape[1] == 32
     runtime.set_prng_impl("rbg")
     try:
         result = train.train_and_evaluate(config, str(tmp_path))

@@ -14,6 +14,7 @@ import numpy as np
 import transformers
 
 from trip_jax import batch_contract
+from trip_jax.data.layouts import dense
 from trip_jax.data.tokenizers import load_tokenizer, tokenizer_info
 from trip_jax.models.tiered import TieredConfig, TieredModel, build_tiered_model
 from trip_jax.models.weights import load_pretrained
@@ -73,12 +74,13 @@ def build_model(config, hf_config) -> TieredModel:
 
 
 def example_batch(max_sentences: int, *, seq_len: int = 8) -> dict[str, np.ndarray]:
-    """A one-pair, one-entity dense batch (``trip_jax.batch_contract``; token ids and labels
-    zero, every cell real) for initialising parameters and shapes."""
+    """A one-pair, one-entity batch of the dense layout (``trip_jax.data.layouts.dense``; token
+    ids and labels zero, every cell real) for initialising parameters and shapes."""
     B, E, S = 1, 1, max_sentences
     R = B * 2 * E * S
-    batch = batch_contract.zeros({"B": B, "E": E, "S": S, "R": R, "T": seq_len})
+    batch = batch_contract.zeros({"B": B, "E": E, "S": S, "R": R, "T": seq_len}, dense.FIELDS)
     batch["attention_mask"][:] = 1
+    batch["row_start"][:] = np.arange(R) * seq_len
     batch["row_index"][:] = np.arange(R)
     batch["row_mask"][:] = True
     batch["pair_mask"][:] = True

@@ -32,9 +32,10 @@ from etils import epath
 
 from trip_jax import (batch_contract, checkpoints, curated, decoding, explain, input_pipeline,
                       losses, metrics, protocol, random_baseline, reports, sharding)
+from trip_jax.data import layouts
 from trip_jax.data.features import EncodedPair
+from trip_jax.data.layouts import Layout
 from trip_jax.data.types import StoryPair
-from trip_jax.input_pipeline import Layout
 
 EVAL_DIR = "eval"
 
@@ -153,7 +154,7 @@ class Evaluator:
       eval_step: ``make_eval_step(...)`` (or ``checkpoint_eval_step``).
       pairs: the typed pairs (ids, and the sentences and entities of explanations).
       encoded: ``pairs`` encoded (``input_pipeline.encode``), in the same order.
-      layout: the batch layout (``input_pipeline.Layout``).
+      layout: the batch layout (``trip_jax.data.layouts``).
       batch_size: global eval batch size in pairs (rounded up to the mesh, ``eval_batch_size``).
       mesh: the mesh the eval step was compiled for.
       explain: add ``explain.explain_pair``'s explanation to every record.
@@ -188,7 +189,7 @@ class Evaluator:
         as ``config`` says; ``splits`` (the protocol's) fix E when ``data.entity_padding`` is
         "data_max" (without them E is bucketed: the predictions are the same, the unmasked
         losses are not)."""
-        layout = Layout.from_config(config.data)
+        layout = layouts.from_config(config.data)
         if splits is not None:
             layout = layout.for_splits(splits)
         kwargs.setdefault("decoding_config", decoding.DecodingConfig.from_mapping(

@@ -43,7 +43,7 @@ from ml_collections import config_flags
 from trip_jax import (checkpoints, cli, distributed, evaluate, input_pipeline, predict,
                       random_baseline, runtime, sharding, train, workdir_lock)
 from trip_jax.config import checks
-from trip_jax.data import readers
+from trip_jax.data import layouts, readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
 
@@ -86,7 +86,7 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError,
-               workdir_lock.WorkdirLocked)
+               workdir_lock.WorkdirLocked, layouts.RetiredLayoutError)
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:

@@ -38,6 +38,7 @@ from etils import epath
 
 from trip_jax import checkpoints, decoding, evaluate, explain, input_pipeline, reports
 from trip_jax.data import entities as entity_lib
+from trip_jax.data import layouts
 from trip_jax.data.types import Story, StoryPair, empty_states
 
 PREDICT_DIR = "predict"
@@ -221,10 +222,9 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
     resolved, more = resolve_entities(requests, config.data.spacy_model)
     problems.update(more)
     pairs = [_pair(request, names) for request, names, _ in resolved]
-    layout = input_pipeline.Layout.from_config(config.data)
+    layout = layouts.from_config(config.data)
     encoded = input_pipeline.encode(pairs, restored.tokenizer, layout)
-    limit, key = ((layout.pack_length, "pack_length") if layout.layout == "packed_tokens"
-                  else (layout.seq_len, "seq_len"))
+    key, limit = layout.max_row_tokens()
     keep = []
     for x, (request, _, _) in enumerate(resolved):
         if limit and encoded[x].max_length > limit:

@@ -9,7 +9,8 @@ replicated otherwise (biases, LayerNorms). ``data=N, fsdp=1`` is plain data para
 covers any encoder and the optimizer state (Adam moments mirror the parameters).
 
 Multi-process: each process builds the contiguous share of every global batch that its devices
-hold (``trip_jax.data.batching``), and ``global_batch`` assembles the shares into global arrays.
+hold, one piece per device (``trip_jax.data.batching``, the layouts), and ``global_batch``
+assembles the shares into global arrays.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from trip_jax.batch_contract import is_packed_tokens, row_groups
+from trip_jax.batch_contract import INDEX_SPACES
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp")
 # The batch's leading dimension is split over every device.
@@ -101,54 +102,14 @@ def _local_block(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tupl
     return start, stop
 
 
-def pad_rows(batch: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
-    """Pads the encoder rows of each row group of a packed batch to a multiple of ``multiple``.
-
-    New rows attend to their first token only and point one past the end of the (B, 2, E, S)
-    grid, so the model drops them.
-    """
-    padded = dict(batch)
-    slots = int(np.prod(batch["row_mask"].shape))
-    if is_packed_tokens(batch):
-        return _pad_packed_tokens(padded, multiple, slots)
-    for prefix in row_groups(batch):
-        extra = -batch[prefix + "input_ids"].shape[0] % multiple
-        if not extra:
-            continue
-        for key in ("input_ids", "attention_mask", "token_type_ids"):
-            value = batch[prefix + key]
-            filler = np.zeros((extra,) + value.shape[1:], value.dtype)
-            if key == "attention_mask":
-                filler[:, 0] = 1
-            padded[prefix + key] = np.concatenate([value, filler])
-        index = batch[prefix + "row_index"]
-        padded[prefix + "row_index"] = np.concatenate([index, np.full(extra, slots, index.dtype)])
-    return padded
-
-
-def _pad_packed_tokens(batch: dict[str, np.ndarray], multiple: int, slots: int
-                       ) -> dict[str, np.ndarray]:
-    """``pad_rows`` for the packed_tokens layout: sequences (all padding), rows (pointing past
-    the grid) and tracks (past the tracks) each padded to a multiple of ``multiple``."""
-    tracks = slots // batch["row_mask"].shape[-1]
-    groups = ((("input_ids", "attention_mask", "token_type_ids", "segment_ids"), 0),
-              (("row_start",), 0), (("row_index",), slots), (("track_index",), tracks))
-    for keys, fill in groups:
-        extra = -batch[keys[0]].shape[0] % multiple
-        for key in keys:
-            value = batch[key]
-            filler = np.full((extra,) + value.shape[1:], fill, value.dtype)
-            batch[key] = np.concatenate([value, filler])
-    return batch
-
-
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Assembles each process's share of a batch into global arrays split over the mesh.
 
     ``local_batch`` holds this process's contiguous share of the global batch (B_local pairs and
-    their rows, as ``trip_jax.data.batching`` builds it). Rows are padded to a multiple of the
-    local device count, and each group's ``row_index`` (local to the share) is moved to the global
-    (B, 2, E, S) grid. With one process this is a sharded ``device_put``.
+    their encoder arrays, built by the layout in one piece per local device, so every leading
+    dimension splits over them). Each index array of the contract (``INDEX_SPACES``: cells,
+    tracks, tokens) is moved from the share's space to the global one; its padding entries
+    point past the global end. With one process this is a sharded ``device_put``.
     """
     sharding = batch_sharding(mesh)
     shards = num_batch_shards(mesh)
@@ -157,28 +118,32 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
     if pairs % local_shards:
         raise ValueError(f"{pairs * jax.process_count()} pairs per batch do not split over "
                          f"{shards} devices; use a batch size divisible by {shards}")
-    batch = pad_rows(local_batch, local_shards)
+    uneven = sorted(k for k, v in local_batch.items() if v.shape[0] % local_shards)
+    if uneven:
+        raise ValueError(f"{', '.join(uneven)} of this process's batch do not split over its "
+                         f"{local_shards} devices; build the batch in that many pieces "
+                         "(input_pipeline.batch_stream(shards=...))")
     global_pairs = pairs * jax.process_count()
     first, last = _local_block(sharding, (global_pairs,))
     if last - first != pairs:
         raise ValueError(f"this process's devices hold pairs [{first}, {last}) of the global "
                          f"batch, but it built {pairs} pairs")
-    cells = int(np.prod(batch["row_mask"].shape[1:]))  # 2 * E * S per pair
-    local_slots = pairs * cells
-    if is_packed_tokens(batch):
-        # Rows point at tokens of this process's sequences, tracks at its pairs' tracks.
-        sequences, length = batch["input_ids"].shape
-        first_sequence = _local_block(sharding, (sequences * jax.process_count(),))[0]
-        batch["row_start"] = (batch["row_start"] + first_sequence * length).astype(np.int32)
-        tracks = cells // batch["row_mask"].shape[-1]  # 2 * E per pair
-        track_index = batch["track_index"].astype(np.int64)
-        batch["track_index"] = np.where(track_index < pairs * tracks,
-                                        track_index + first * tracks,
-                                        global_pairs * tracks).astype(np.int32)
-    for prefix in row_groups(batch) or [""]:
-        row_index = batch[prefix + "row_index"].astype(np.int64)
-        batch[prefix + "row_index"] = np.where(row_index < local_slots, row_index + first * cells,
-                                               global_pairs * cells).astype(np.int32)
+    cells = int(np.prod(local_batch["row_mask"].shape[1:]))  # 2 * E * S per pair
+    sequences, length = local_batch["input_ids"].shape
+    first_sequence = _local_block(sharding, (sequences * jax.process_count(),))[0]
+    # (size of this share's space, where it starts in the global one, the global size)
+    spaces = {"cells": (pairs * cells, first * cells, global_pairs * cells),
+              "tracks": (pairs * (cells // local_batch["row_mask"].shape[-1]),
+                         first * (cells // local_batch["row_mask"].shape[-1]),
+                         global_pairs * (cells // local_batch["row_mask"].shape[-1])),
+              "tokens": (sequences * length, first_sequence * length,
+                         sequences * length * jax.process_count())}
+    batch = dict(local_batch)
+    for key, value in local_batch.items():
+        if key in INDEX_SPACES:
+            size, start, end = spaces[INDEX_SPACES[key]]
+            index = value.astype(np.int64)
+            batch[key] = np.where(index < size, index + start, end).astype(np.int32)
     result = {}
     for key, value in batch.items():
         global_shape = (value.shape[0] * jax.process_count(),) + value.shape[1:]

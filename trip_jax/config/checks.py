@@ -32,28 +32,9 @@ RANGES: dict[str, Rule] = {name: key.rule for name, key in KEYS.items() if key.r
 CrossRule = Callable[[Mapping[str, Any]], tuple[str, str] | None]
 
 
-def _short_seq_len(values: Mapping[str, Any]) -> tuple[str, str] | None:
-    short, seq_len = values["data.short_seq_len"], values["data.seq_len"]
-    if not short:
-        return None
-    if values["data.layout"] != "packed":
-        return "data.short_seq_len", "0 unless data.layout is 'packed'"
-    if seq_len and short >= seq_len:
-        return "data.short_seq_len", f"< data.seq_len ({seq_len}), or 0"
-    return None
-
-
 def _seq_len(values: Mapping[str, Any]) -> tuple[str, str] | None:
     if values["data.seq_len"] and values["data.layout"] == "packed_tokens":
         return "data.seq_len", "0 with data.layout 'packed_tokens' (it packs data.pack_length)"
-    return None
-
-
-def _row_buckets(values: Mapping[str, Any]) -> tuple[str, str] | None:
-    row_min, per_octave = values["data.buckets.row_min"], values["data.buckets.rows_per_octave"]
-    if row_min % per_octave:
-        return ("data.buckets.row_min",
-                f"a multiple of data.buckets.rows_per_octave ({per_octave})")
     return None
 
 
@@ -85,7 +66,7 @@ def _mesh_axes(values: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 CROSS_RULES: tuple[CrossRule, ...] = (
-    _short_seq_len, _seq_len, _row_buckets, _detector_heads, _random_encoder, _mesh_axes)
+    _seq_len, _detector_heads, _random_encoder, _mesh_axes)
 
 
 def bad_value(key: str, value: Any, allowed: str) -> str:

@@ -8,6 +8,7 @@ before versions were written); each step ``STEPS[v]`` takes version v to v + 1 b
 - ``renamed``: old dotted key -> its new name;
 - ``removed``: a key no longer read -> the one value that behaves as the code does without it
   (any other value is a behaviour this version cannot reproduce: ``ConfigError``);
+- ``dropped``: keys no longer read, whatever their value (only retired code read them);
 - ``added``: a key added since -> the value that behaves as the code did before it existed;
 - ``defaults``: every other missing key takes its schema default (version 0 only: those configs
   were written over many versions, and the code read an absent key as its default).
@@ -39,6 +40,7 @@ class Step:
 
     renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     removed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
     added: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     defaults: bool = False
 
@@ -50,6 +52,10 @@ STEPS: dict[int, Step] = {
         # Before data.dedup_rows existed every row was encoded (its default is now True).
         added={"data.dedup_rows": False},
         defaults=True),
+    # The packed layout and its short-row group were retired (a config naming layout "packed"
+    # is refused where the layout is built, trip_jax/data/layouts).
+    1: Step(removed={"data.short_seq_len": 0},
+            dropped=("data.buckets.row_min", "data.buckets.rows_per_octave")),
 }
 
 
@@ -92,6 +98,8 @@ def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
             if key in flat and flat.pop(key) != kept:
                 raise ConfigError(f"{where}: {key}={values_of(values, key)!r} was removed; only "
                                   f"{kept!r} (what the code does now) can be read")
+        for key in step.dropped:
+            flat.pop(key, None)
         for key, value in step.added.items():
             flat.setdefault(key, value)
         if step.defaults:

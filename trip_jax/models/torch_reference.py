@@ -255,10 +255,13 @@ def padded_inputs(batch: Mapping[str, np.ndarray], pad_id: int, seq_len: int = 1
 
 
 def row_inputs(batch: Mapping[str, np.ndarray]) -> dict:
-    """The real rows of a trip-jax packed batch (one row group): ids, masks, types [R, T],
-    their cell indices and the grid."""
+    """The rows on real cells of a trip-jax dense batch: ids, masks, types [R, T], their cell
+    indices and the grid."""
     grid = batch["row_mask"].shape
-    keep = np.asarray(batch["row_index"]) < int(np.prod(grid))
+    index = np.asarray(batch["row_index"])
+    cells = int(np.prod(grid))
+    keep = (index < cells) & np.asarray(batch["row_mask"]).reshape(-1)[np.minimum(index,
+                                                                                  cells - 1)]
     out = {k: torch.as_tensor(np.asarray(batch[k])[keep])
            for k in ("input_ids", "attention_mask", "token_type_ids", "row_index")}
     out["grid"] = tuple(int(g) for g in grid)

@@ -1,0 +1,52 @@
+"""Batch layouts: how encoded pairs become the encoder arrays of a batch (``data.layout``).
+
+``from_config(config.data)`` builds the one layout object a run holds: ``PackedTokens``
+("packed_tokens", the default: real rows packed into token sequences) or ``Dense`` ("dense",
+the reference's: every cell of the grid a row). Each plans, builds, checks and describes its own
+batches (``base.Layout``); nothing outside this package tests a layout's name.
+"""
+
+from __future__ import annotations
+
+from trip_jax.batch_contract import Field
+from trip_jax.data.layouts.base import ENTITY_PADDINGS, Layout
+from trip_jax.data.layouts.dense import Dense
+from trip_jax.data.layouts.packed_tokens import PackedTokens
+
+__all__ = ["ENTITY_PADDINGS", "LAYOUTS", "NAMES", "Dense", "Layout", "PackedTokens",
+           "RetiredLayoutError", "encoder_fields", "from_config"]
+
+LAYOUTS: dict[str, type[Layout]] = {cls.name: cls for cls in (PackedTokens, Dense)}
+NAMES: tuple[str, ...] = tuple(LAYOUTS)
+# Layouts of earlier versions, and what to use instead (docs/reference.md, "Encoder input").
+RETIRED: dict[str, str] = {
+    "packed": "data.layout 'packed' was retired (packed_tokens encodes the same rows in fewer "
+              "tokens); set data.layout to 'packed_tokens' (or 'dense')",
+}
+
+
+class RetiredLayoutError(ValueError):
+    """A config names a layout of an earlier version."""
+
+
+def from_config(data_config) -> Layout:
+    """The layout ``config.data`` describes (0 means "not set" for the optional lengths).
+
+    Reads data.layout, max_sentences, max_length, token_types, entity_padding and the chosen
+    layout's own keys. RetiredLayoutError (one line) for a retired layout, ValueError for an
+    unknown one.
+    """
+    name = data_config.layout
+    if name in RETIRED:
+        raise RetiredLayoutError(RETIRED[name])
+    if name not in LAYOUTS:
+        raise ValueError(f"unknown data.layout {name!r}; expected one of {NAMES}")
+    return LAYOUTS[name].from_config(
+        data_config, max_sentences=data_config.max_sentences,
+        max_length=data_config.max_length or None, token_types=data_config.token_types,
+        entity_padding=data_config.entity_padding)
+
+
+def encoder_fields() -> dict[str, tuple[Field, ...]]:
+    """{layout name: its encoder arrays} (for ``batch_contract.describe``)."""
+    return {name: cls.fields for name, cls in LAYOUTS.items()}
