@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trip_jax import metrics, reports, schema
+from trip_jax import metrics, paths, schema
 from trip_jax import random_baseline as rb
 from trip_jax.data.types import Story, StoryPair, empty_states
 
@@ -90,7 +90,7 @@ def test_two_sentence_stories_make_consistency_equal_accuracy():
 def test_baseline_averages_seeds_and_is_reproducible():
     first = rb.random_baseline(PAIRS, seeds=4)
     # NaN (an attribute without gold or predicted states) != NaN: compare the JSON forms.
-    assert reports.to_jsonable(first) == reports.to_jsonable(rb.random_baseline(PAIRS, seeds=4))
+    assert paths.to_jsonable(first) == paths.to_jsonable(rb.random_baseline(PAIRS, seeds=4))
     assert first["num_pairs"] == 3 and first["seeds"] == 4 and len(first["per_seed"]) == 4
     for key in metrics.SCALAR_METRICS:
         assert first[key] == pytest.approx(np.mean([row[key] for row in first["per_seed"]]))

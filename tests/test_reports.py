@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from trip_jax import metrics, reports, schema
+from trip_jax import metrics, paths, reports, schema
 
 E, S, A = 2, 4, schema.NUM_ATTRIBUTES
 
@@ -33,7 +33,7 @@ def test_write_report_writes_every_file(tmp_path):
     data = tmp_path / "test.jsonl"
     data.write_text("{}\n")
     metadata = {"model": "tiny", "checkpoint_step": 7, "protocol": "dev-trained",
-                "data_files": reports.data_file_hashes([data])}
+                "data_files": paths.data_file_hashes([data])}
     baseline = {"accuracy": 0.495, "consistency": 0.107, "verifiability": 0.0}
     paths = reports.write_report(tmp_path / "eval", "test", result, metadata, records,
                                  baselines={"random": baseline})
@@ -67,7 +67,7 @@ def test_report_without_records_and_json_conversion(tmp_path):
     result, _ = scored()
     paths = reports.write_report(tmp_path, "dev", result)
     assert "predictions" not in paths and paths["markdown"].exists()
-    converted = reports.to_jsonable({"a": np.float32(np.nan), "b": (np.int64(2), np.bool_(True)),
+    converted = paths.to_jsonable({"a": np.float32(np.nan), "b": (np.int64(2), np.bool_(True)),
                                      "c": np.arange(2)})
     assert converted == {"a": None, "b": [2, True], "c": [0, 1]}
 
@@ -76,4 +76,4 @@ def test_file_sha256_reads_large_files_in_chunks(tmp_path):
     blob = bytes(range(256)) * 9000  # over one 1 MiB chunk
     path = tmp_path / "blob.bin"
     path.write_bytes(blob)
-    assert reports.file_sha256(path) == hashlib.sha256(blob).hexdigest()
+    assert paths.file_sha256(path) == hashlib.sha256(blob).hexdigest()

@@ -95,7 +95,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
                                           config.train.seed)
         losses_ = []
         for local in local_batches:
-            state, metrics = step(state, sharding.global_batch(local, mesh))
+            state, metrics = step(state, input_pipeline.global_batch(local, mesh))
             losses_.append(float(metrics["loss/total"]))
         runs[name] = (losses_, jax.device_get(state.params))
         specs[name] = sorted({str(s.spec) for s in jax.tree.leaves(shardings.params)})
@@ -110,10 +110,10 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
                                                         epoch=0, shards=8)))
     assert "segment_ids" not in dense_local
     mesh, state = meshes["data_parallel"]
-    eval_step = evaluate.make_eval_step(model, loss_config, mesh,
+    eval_step = train_step.make_eval_step(model, loss_config, mesh,
                                      jax.tree.map(lambda x: x.sharding, state.params))
-    one = eval_step(state.params, sharding.global_batch(local_batches[0], mesh))
-    two = eval_step(state.params, sharding.global_batch(dense_local, mesh))
+    one = eval_step(state.params, input_pipeline.global_batch(local_batches[0], mesh))
+    two = eval_step(state.params, input_pipeline.global_batch(dense_local, mesh))
     dense_diff = max(float(np.max(np.abs(np.asarray(one[k], np.float64) -
                                                np.asarray(two[k], np.float64))))
                            for k in ("conflict_prob", "story_score", "pre_pred", "eff_pred"))

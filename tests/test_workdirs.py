@@ -127,7 +127,7 @@ def test_report_files(fake_gcs):
     data.write_text("{}\n")
     scores, records = scored_pairs()
     written = reports.write_report(root / "run" / "eval", "test", scores,
-                                   {"data_files": reports.data_file_hashes([data])}, records)
+                                   {"data_files": paths.data_file_hashes([data])}, records)
     assert {str(p) for p in written.values()} | {str(data)} == stored(fs)
     assert json.loads(written["json"].read_text())["metrics"]["accuracy"] == 0.5
     assert "| model | 50.0 |" in written["markdown"].read_text()

@@ -14,7 +14,7 @@ Every (pair, story, entity, sentence) cell of the ``[B, 2, E, S]`` grid is one r
 padding; ``row_index`` places each encoder row in the flattened grid, and a padding row points
 one past its end (``B*2*E*S``). The model reads the encoder's output at ``row_start`` (a flat
 token index into the ``[N, L]`` sequences) as the row's embedding. ``INDEX_SPACES`` names the
-index arrays and what they index, so that ``sharding.global_batch`` can move them to the
+index arrays and what they index, so that ``input_pipeline.global_batch`` can move them to the
 global batch without knowing the layout. Producers: the layouts (through ``data.batching`` and
 ``trip_jax.input_pipeline``) and ``builders.example_batch``; consumers: the model, the losses,
 the train and eval steps, the evaluator. ``check_batch`` and ``check_outputs`` check an
@@ -82,6 +82,9 @@ OUTPUT_FIELDS: tuple[Field, ...] = (
 # Outputs an evaluation needs on the host (the logits stay on device).
 PREDICTION_KEYS: tuple[str, ...] = ("pre_pred", "eff_pred", "conflict_prob", "story_pred",
                                     "story_score")
+# The logits decoding reads beyond the predictions (coherent decoding; the eval step returns
+# them).
+LOGIT_KEYS: tuple[str, ...] = ("pre_logits", "eff_logits", "conflict_logits")
 
 FIXED_DIMS: dict[str, int] = {"2": 2, "A": schema.NUM_ATTRIBUTES, "C": schema.MAX_CLASSES}
 

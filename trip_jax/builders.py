@@ -15,25 +15,11 @@ import transformers
 
 from trip_jax import batch_contract
 from trip_jax.data.layouts import dense
-from trip_jax.data.tokenizers import load_tokenizer, tokenizer_info
+from trip_jax.data.tokenizers import tokenizer_info, tokenizer_spec
 from trip_jax.models.tiered import TieredConfig, TieredModel, build_tiered_model
 from trip_jax.models.weights import load_pretrained
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-def tokenizer_spec(model_config) -> str:
-    """The tokenizer a config uses: ``model.tokenizer``, else the encoder's own."""
-    spec = model_config.tokenizer or model_config.encoder
-    if not spec:
-        raise ValueError("a random encoder needs a tokenizer: set config.model.tokenizer "
-                         "(e.g. 'word_level:bert')")
-    return spec
-
-
-def build_tokenizer(model_config, texts):
-    """Loads (or, for word-level specs, builds from ``texts``) the config's tokenizer."""
-    return load_tokenizer(tokenizer_spec(model_config), texts)
 
 
 def encoder_config_from_dict(values: dict[str, Any]) -> transformers.PretrainedConfig:

@@ -33,12 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax import schema
+from trip_jax import batch_contract, schema
 from trip_jax.config.sections import DecodingConfig, DecodingMethod, choices_of
 
 DECODINGS: tuple[str, ...] = choices_of(DecodingMethod)  # decoding.method
-# The outputs decoding reads beyond the reference predictions (the eval step returns them).
-LOGIT_KEYS: tuple[str, ...] = ("pre_logits", "eff_logits", "conflict_logits")
 # int [N, 2, E]: each entity's alias group (``alias_groups``), added by the evaluator; read by
 # coherent decoding with ``alias_states``.
 ALIAS_KEY = "entity_alias"
@@ -258,18 +256,18 @@ class Decoded:
 
 def decode(arrays: Mapping[str, np.ndarray], config: DecodingConfig) -> Decoded:
     """Decodes N pairs' eval-step outputs (pair axis first; the reference predictions, the
-    ``LOGIT_KEYS`` for coherent decoding, and ``row_mask``) with ``config.method``."""
+    ``batch_contract.LOGIT_KEYS`` for coherent decoding, and ``row_mask``) with ``config.method``."""
     if config.method == "reference":
         return Decoded(np.asarray(arrays["story_pred"]), np.asarray(arrays["conflict_prob"]),
                        np.asarray(arrays["pre_pred"]), np.asarray(arrays["eff_pred"]),
                        [None] * len(arrays["story_pred"]))
-    missing = [k for k in (*LOGIT_KEYS, "row_mask") if k not in arrays]
+    missing = [k for k in (*batch_contract.LOGIT_KEYS, "row_mask") if k not in arrays]
     if missing:
         raise KeyError(f"coherent decoding needs the eval step's {missing}")
     if config.alias_states and ALIAS_KEY not in arrays:
         raise KeyError(f"decoding.alias_states needs {ALIAS_KEY!r} (the evaluator adds it)")
     story, beliefs, pres, effs, found_all = [], [], [], [], []
-    keys = (*LOGIT_KEYS, "row_mask", "story_pred")
+    keys = (*batch_contract.LOGIT_KEYS, "row_mask", "story_pred")
     for n in range(len(arrays["story_pred"])):
         pair = {k: np.asarray(arrays[k][n]) for k in keys}
         plausible, found = coherent_pair(pair, config)

@@ -1,8 +1,8 @@
 """The evaluator: scoring parameters on story pairs, and the reports of a checkpoint.
 
 ``Evaluator(eval_step, pairs, encoded, layout, batch_size, mesh).run(params)`` runs the jitted
-eval step (``make_eval_step``: predictions, labels, losses) over the pairs' batches, gathers every
-pair's outputs in dataset order (``predict``, the one eval loop) and scores them with
+eval step (``training.step.make_eval_step``: predictions, labels, losses) over the pairs'
+batches, gathers every pair's outputs in dataset order (``predict``, the one eval loop) and scores them with
 ``metrics.tiered_metrics``; training's selection and test scoring, ``--mode=evaluate``,
 ``--mode=predict`` and the benchmarks all use it.
 
@@ -33,6 +33,7 @@ from etils import epath
 from trip_jax import (batch_contract, checkpoints, curated, decoding, explain, input_pipeline,
                       losses, metrics, protocol, random_baseline, reports, sharding)
 from trip_jax.data import layouts
+from trip_jax.training import step as training_step
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.layouts import Layout
 from trip_jax.data.types import StoryPair
@@ -40,28 +41,11 @@ from trip_jax.data.types import StoryPair
 EVAL_DIR = "eval"
 
 
-def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings) -> Callable:
-    """Returns ``eval_step(params, batch)``: the contract's predictions (``PREDICTION_KEYS``),
-    the logits coherent decoding reads (``decoding.LOGIT_KEYS``), the batch's per-pair arrays
-    (``PAIR_KEYS``) and the loss terms under "loss", replicated on every device (so every process
-    can score the whole batch)."""
-
-    def step(params, batch):
-        outputs = model.apply({"params": params}, batch, deterministic=True)
-        _, parts = losses.tiered_loss(outputs, batch, loss_config)
-        out = {k: outputs[k] for k in (*batch_contract.PREDICTION_KEYS, *decoding.LOGIT_KEYS)}
-        out.update({k: batch[k] for k in batch_contract.PAIR_KEYS})
-        out["loss"] = parts
-        return out
-
-    return jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
-                   out_shardings=sharding.replicated(mesh))
-
-
 def checkpoint_eval_step(restored: checkpoints.EvalModel) -> Callable:
     """The jitted eval step of a restored model on its mesh, with its run's loss settings."""
-    return make_eval_step(restored.model, losses.LossConfig.from_mapping(restored.config.loss),
-                          restored.mesh, restored.param_shardings)
+    return training_step.make_eval_step(restored.model,
+                                        losses.LossConfig.from_mapping(restored.config.loss),
+                                        restored.mesh, restored.param_shardings)
 
 
 def eval_batch_size(batch_size: int, mesh) -> int:
@@ -151,7 +135,7 @@ class Evaluator:
     """Scores parameters on fixed story pairs with one jitted eval step.
 
     Args:
-      eval_step: ``make_eval_step(...)`` (or ``checkpoint_eval_step``).
+      eval_step: ``training.step.make_eval_step(...)`` (or ``checkpoint_eval_step``).
       pairs: the typed pairs (ids, and the sentences and entities of explanations).
       encoded: ``pairs`` encoded (``input_pipeline.encode``), in the same order.
       layout: the batch layout (``trip_jax.data.layouts``).
@@ -210,7 +194,7 @@ class Evaluator:
         """Runs the eval step over every batch; returns every pair's outputs in dataset order."""
         outputs, loss_sums, real_pairs = [], {}, 0
         for local in self._batches():
-            out = jax.device_get(self.eval_step(params, sharding.global_batch(local, self.mesh)))
+            out = jax.device_get(self.eval_step(params, input_pipeline.global_batch(local, self.mesh)))
             n = int(out["pair_mask"].sum())
             real_pairs += n
             for key, value in out.pop("loss").items():

@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from trip_jax import builders, protocol, reports
-from trip_jax.data import batching, features, layouts
+from trip_jax import batch_contract, paths, protocol, sharding
+from trip_jax.data import batching, features, layouts, tokenizers
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.layouts import Layout
 from trip_jax.data.types import StoryPair
@@ -64,7 +64,7 @@ def prepare_data(config) -> RunData:
         if not pairs:
             raise ValueError(f"protocol {splits.protocol}: the {name} split is empty")
     everything = splits.train + splits.selection + splits.test
-    tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(everything))
+    tokenizer = tokenizers.build_tokenizer(config.model, features.vocabulary_texts(everything))
     layout = layouts.from_config(config.data).for_splits(splits)
     return RunData(splits, tokenizer, layout, encode(splits.train, tokenizer, layout),
                    encode(splits.selection, tokenizer, layout),
@@ -112,4 +112,54 @@ def split_pairs(splits: protocol.ProtocolSplits, split: str) -> list[StoryPair]:
 
 def data_files(splits: protocol.ProtocolSplits) -> Mapping[str, str]:
     """{path: sha256} of the data files the protocol read."""
-    return reports.data_file_hashes(sorted(set(splits.files.values())))
+    return paths.data_file_hashes(sorted(set(splits.files.values())))
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh
+                 ) -> dict[str, jax.Array]:
+    """Assembles each process's share of a batch into global arrays split over the mesh.
+
+    ``local_batch`` holds this process's contiguous share of the global batch (B_local pairs and
+    their encoder arrays, built by the layout in one piece per local device, so every leading
+    dimension splits over them). Each index array of the contract
+    (``batch_contract.INDEX_SPACES``: cells, tracks, tokens) is moved from the share's space to the global one; its padding entries
+    point past the global end. With one process this is a sharded ``device_put``.
+    """
+    placement = sharding.batch_sharding(mesh)
+    shards = sharding.num_batch_shards(mesh)
+    local_shards = shards // jax.process_count()
+    pairs = local_batch["pair_mask"].shape[0]
+    if pairs % local_shards:
+        raise ValueError(f"{pairs * jax.process_count()} pairs per batch do not split over "
+                         f"{shards} devices; use a batch size divisible by {shards}")
+    uneven = sorted(k for k, v in local_batch.items() if v.shape[0] % local_shards)
+    if uneven:
+        raise ValueError(f"{', '.join(uneven)} of this process's batch do not split over its "
+                         f"{local_shards} devices; build the batch in that many pieces "
+                         "(input_pipeline.batch_stream(shards=...))")
+    global_pairs = pairs * jax.process_count()
+    first, last = sharding.local_block(placement, (global_pairs,))
+    if last - first != pairs:
+        raise ValueError(f"this process's devices hold pairs [{first}, {last}) of the global "
+                         f"batch, but it built {pairs} pairs")
+    cells = int(np.prod(local_batch["row_mask"].shape[1:]))  # 2 * E * S per pair
+    sequences, length = local_batch["input_ids"].shape
+    first_sequence = sharding.local_block(placement, (sequences * jax.process_count(),))[0]
+    # (size of this share's space, where it starts in the global one, the global size)
+    spaces = {"cells": (pairs * cells, first * cells, global_pairs * cells),
+              "tracks": (pairs * (cells // local_batch["row_mask"].shape[-1]),
+                         first * (cells // local_batch["row_mask"].shape[-1]),
+                         global_pairs * (cells // local_batch["row_mask"].shape[-1])),
+              "tokens": (sequences * length, first_sequence * length,
+                         sequences * length * jax.process_count())}
+    batch = dict(local_batch)
+    for key, value in local_batch.items():
+        if key in batch_contract.INDEX_SPACES:
+            size, start, end = spaces[batch_contract.INDEX_SPACES[key]]
+            index = value.astype(np.int64)
+            batch[key] = np.where(index < size, index + start, end).astype(np.int32)
+    result = {}
+    for key, value in batch.items():
+        global_shape = (value.shape[0] * jax.process_count(),) + value.shape[1:]
+        result[key] = jax.make_array_from_process_local_data(placement, value, global_shape)
+    return result

@@ -151,7 +151,7 @@ def check_devices(config, device_count: int) -> None:
             f"fsdp={config.mesh.fsdp} (allowed: sizes whose product is the {device_count} "
             f"device{'s' if device_count != 1 else ''}; one of them -1 takes what the other "
             "leaves)") from None
-    shards = data * fsdp  # sharding.BATCH_AXES: the batch is split over both axes
+    shards = sharding.batch_shards({"data": data, "fsdp": fsdp})
     if config.train.batch_size % shards:
         raise cli.UsageError(checks.bad_value(
             "train.batch_size", config.train.batch_size,

@@ -13,7 +13,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from trip_jax import paths, reports
+from trip_jax import paths
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -34,7 +34,7 @@ class MetricLog:
         """Logs one event: ``split`` is "train", the selection split's name, or "test"."""
         if not self.enabled:
             return
-        record = {"step": step, "split": split, **extra, **reports.to_jsonable(dict(scalars)),
+        record = {"step": step, "split": split, **extra, **paths.to_jsonable(dict(scalars)),
                   "time": time.time()}
         # Object stores cannot append: paths.append_text rewrites the file there.
         paths.append_text(self.path, json.dumps(record, allow_nan=False) + "\n")

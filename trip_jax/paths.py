@@ -9,14 +9,21 @@ directories natively (tensorstore) and need nothing from here.
 
 Files a reader must find whole (config, reports, predictions, summaries) go through
 ``write_atomic``: whole or not at all, the previous version staying until the new one is complete.
+Also here: a file's sha256 (``file_sha256``, ``data_file_hashes``) and strict-JSON values
+(``to_jsonable``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import math
 import os
 import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+import numpy as np
 from etils import epath
 
 # tensorboardX writes events itself to local paths and to these prefixes through
@@ -138,3 +145,34 @@ def copy_tree(source: epath.PathLike, target: epath.PathLike) -> None:
             copy_tree(path, target / path.name)
         else:
             write_atomic(target / path.name, path.read_bytes())
+
+
+def file_sha256(path: epath.PathLike) -> str:
+    """Returns the hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with epath.Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def data_file_hashes(paths: Iterable[epath.PathLike]) -> dict[str, str]:
+    """Returns {path as given: sha256} for the data files an evaluation read."""
+    return {str(path): file_sha256(path) for path in paths}
+
+
+def to_jsonable(value: Any) -> Any:
+    """Converts numpy values, tuples and NaN/inf (to None) into strict-JSON Python values."""
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value

@@ -21,11 +21,9 @@ rendered to bytes and written the same way. Each file is written whole or not at
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -35,40 +33,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from trip_jax import schema
-from trip_jax.paths import write_atomic
+from trip_jax.paths import to_jsonable, write_atomic
 
 RIGHT, WRONG = "#4c9a5b", "#c8553d"
-
-
-def file_sha256(path: epath.PathLike) -> str:
-    """Returns the hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with epath.Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def data_file_hashes(paths: Iterable[epath.PathLike]) -> dict[str, str]:
-    """Returns {path as given: sha256} for the data files an evaluation read."""
-    return {str(path): file_sha256(path) for path in paths}
-
-
-def to_jsonable(value: Any) -> Any:
-    """Converts numpy values, tuples and NaN/inf (to None) into strict-JSON Python values."""
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return value
 
 
 def write_predictions(path: epath.PathLike,

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from trip_jax import curated, explain, metrics, random_baseline, reports, schema
+from trip_jax import curated, explain, metrics, paths, random_baseline, reports, schema
 from trip_jax import prediction_formats as formats
 from trip_jax import prediction_matching as matching
 from trip_jax.data import readers
@@ -320,8 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args.name or f"system ({os.path.basename(args.predictions)})"
     baseline = random_baseline.random_baseline(pairs, seeds=random_baseline.SEEDS)
     metadata = {"model": name, "predictions_file": args.predictions,
-                "predictions_sha256": reports.file_sha256(args.predictions),
-                "data_files": reports.data_file_hashes(data_files), **scored.metadata}
+                "predictions_sha256": paths.file_sha256(args.predictions),
+                "data_files": paths.data_file_hashes(data_files), **scored.metadata}
     metadata["notes"] = metadata["notes"] + reader_notes
     try:
         by_marker = _marker_split(args, pairs, scored.records)

@@ -251,7 +251,7 @@ class TrainLoop:
     def train_step(self, local) -> None:
         """One update on this process's share ``local`` of the global batch."""
         self.state, step_metrics = self.setup.trainer.train_step(
-            self.state, sharding.global_batch(local, self.setup.trainer.mesh))
+            self.state, input_pipeline.global_batch(local, self.setup.trainer.mesh))
         self.step += 1
         self.pending.add(self.step, step_metrics)
         self.bar.update(1)

@@ -174,3 +174,17 @@ def tokenizer_info(tokenizer: PreTrainedTokenizerFast) -> TokenizerInfo:
         vocab_size=len(tokenizer),
         uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
     )
+
+
+def tokenizer_spec(model_config) -> str:
+    """The tokenizer a config uses: ``model.tokenizer``, else the encoder's own."""
+    spec = model_config.tokenizer or model_config.encoder
+    if not spec:
+        raise ValueError("a random encoder needs a tokenizer: set config.model.tokenizer "
+                         "(e.g. 'word_level:bert')")
+    return spec
+
+
+def build_tokenizer(model_config, texts):
+    """Loads (or, for word-level specs, builds from ``texts``) the config's tokenizer."""
+    return load_tokenizer(tokenizer_spec(model_config), texts)

@@ -1,4 +1,4 @@
-"""The jitted train step and the ``Trainer`` that assembles a model's training pieces.
+"""The jitted train and eval steps and the ``Trainer`` that assembles a model's training pieces.
 
 ``build_trainer`` is the one place that turns a config and a model into the optimizer
 (``trip_jax.optimizers.make_optimizer``), the train state's shardings and the jitted train and
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from trip_jax import evaluate, losses, optimizers, sharding
+from trip_jax import batch_contract, losses, optimizers, sharding
 from trip_jax.training.state import TrainState, abstract_train_state, create_train_state
 
 
@@ -63,6 +63,24 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
                    donate_argnums=(0,))
 
 
+def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings) -> Callable:
+    """Returns ``eval_step(params, batch)``: the contract's predictions (``PREDICTION_KEYS``),
+    the logits coherent decoding reads (``batch_contract.LOGIT_KEYS``), the batch's per-pair arrays
+    (``PAIR_KEYS``) and the loss terms under "loss", replicated on every device (so every process
+    can score the whole batch)."""
+
+    def step(params, batch):
+        outputs = model.apply({"params": params}, batch, deterministic=True)
+        _, parts = losses.tiered_loss(outputs, batch, loss_config)
+        out = {k: outputs[k] for k in (*batch_contract.PREDICTION_KEYS, *batch_contract.LOGIT_KEYS)}
+        out.update({k: batch[k] for k in batch_contract.PAIR_KEYS})
+        out["loss"] = parts
+        return out
+
+    return jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
+                   out_shardings=sharding.replicated(mesh))
+
+
 @dataclasses.dataclass(frozen=True)
 class Trainer:
     """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
@@ -90,11 +108,11 @@ class Trainer:
 
 def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
     """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step and
-    eval step (``evaluate.make_eval_step``) on ``mesh``."""
+    eval step (``make_eval_step``) on ``mesh``."""
     tx, schedule = optimizers.make_optimizer(config.train, total_steps)
     _, shardings = abstract_train_state(config, model, tx, mesh)
     loss_config = losses.LossConfig.from_mapping(config.loss)
     train_step = make_train_step(model, tx, schedule, loss_config, mesh, shardings,
                                  config.train.seed, freeze_encoder=config.train.freeze_encoder)
-    eval_step = evaluate.make_eval_step(model, loss_config, mesh, shardings.params)
+    eval_step = make_eval_step(model, loss_config, mesh, shardings.params)
     return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step)

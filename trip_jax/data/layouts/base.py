@@ -4,7 +4,7 @@ A layout is a frozen dataclass built once from ``config.data`` (``layouts.from_c
 rest of the code holds it and calls its methods, never its name. A subclass declares its
 encoder arrays (``fields``, the batch contract's rows for this layout), plans the padded sizes
 of each batch (``plan``) and builds a process's share of a batch in per-device pieces
-(``build``), so that ``sharding.global_batch`` only has to move the contract's index arrays.
+(``build``), so that ``input_pipeline.global_batch`` only has to move the contract's index arrays.
 """
 
 from __future__ import annotations
