@@ -117,10 +117,11 @@ class ModelData:
                                    num_entities=self.num_entities)
 
     def layout_named(self, name: str) -> Layout:
-        """The layout ``name`` with the config's other data keys, T bucketed, E as ``layout``."""
+        """The layout ``name`` (``trip_jax.data.layouts``) with the config's other data keys,
+        E and T chosen per batch (no fixed entity count or ``data.seq_len``)."""
         data = self.config.data.copy_and_resolve_references()
         data.layout, data.seq_len = name, 0
-        return dataclasses.replace(layouts.from_config(data), num_entities=self.num_entities)
+        return layouts.from_config(data)
 
     @property
     def tiered(self) -> TieredConfig:
@@ -206,10 +207,9 @@ class Harness:
 
     def layout_summary(self, batch_size: int) -> dict:
         """Padding and compiled shapes of one epoch over the pairs at ``batch_size``: real rows
-        and real tokens over the encoder rows/tokens of every layout
-        (``trip_jax.data.layouts``, the config's other data keys: pack length, shape limit, row
-        sharing) and of the reference layout, and each one's distinct batch shapes (one
-        compilation each)."""
+        and real tokens over the encoder rows/tokens of every layout (``layout_named``: the
+        config's pack length, shape limit, row sharing and buckets, E bucketed per batch) and of
+        the reference layout, and each one's distinct batch shapes (one compilation each)."""
         S = self.config.data.max_sentences
         summary = {"batch_size": batch_size, "pairs": len(self.encoded)}
         for name in layouts.NAMES:

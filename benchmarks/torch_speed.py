@@ -59,7 +59,7 @@ def padded_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.
     """The pairs ``indices`` as the reference fed them: a dense batch at the data's largest
     entity count and 16 tokens a row, re-encoded with rows cut at 16 and zero token types.
     Returns (host batch, token length of every real row)."""
-    layout = dataclasses.replace(_dense(data), max_length=REFERENCE_ROW_LENGTH,
+    layout = dataclasses.replace(data.layout_named("dense"), max_length=REFERENCE_ROW_LENGTH,
                                  token_types=REFERENCE_TOKEN_TYPES)
     pairs = input_pipeline.encode([data.pairs[i] for i in indices], data.tokenizer, layout)
     entities = max(p.num_entities for p in data.encoded)
@@ -72,13 +72,8 @@ def rows_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.nd
     """trip-jax's dense batch of the pairs ``indices`` (the config's buckets; ``row_inputs``
     keeps its rows on real cells). Returns (host batch, token length of every real row)."""
     pairs = [data.encoded[i] for i in indices]
-    batch = next(input_pipeline.batch_stream(pairs, _dense(data), len(pairs)))
+    batch = next(input_pipeline.batch_stream(pairs, data.layout_named("dense"), len(pairs)))
     return batch, harness.real_lengths(pairs)
-
-
-def _dense(data: harness.ModelData):
-    """The dense layout with the config's other data keys, E and T bucketed per batch."""
-    return dataclasses.replace(data.layout_named("dense"), num_entities=None)
 
 
 def run_case(case: dict) -> dict:
