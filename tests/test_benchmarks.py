@@ -141,6 +141,8 @@ def test_cpu_smoke_results(tmp_path, compilation_cache_dir):
     assert "| tiny | packed_tokens | 2 | train |" in results["markdown"]
     assert "| tiny | torch_rows | 1 | train |" in results["markdown"]
     assert "| x torch padded | x torch rows |" in results["markdown"]
+    # The epoch table: today's layouts only (the retired packed layout's column: old records).
+    assert "| model | B | packed_tokens | dense (bucketed E) | reference |" in results["markdown"]
     eval_ratio = torch_ratios[("reference_dense", 1, "eval")]
     assert f"| {eval_ratio['x_torch_padded']:.2f}x | {eval_ratio['x_torch_rows']:.2f}x |" in (
         results["markdown"])
