@@ -68,7 +68,7 @@ def _random_encoder(encoder: dict) -> ml_collections.ConfigDict:
     config = base.get_config()
     config.train.learning_rate = 5e-5
     config.train.eval_batch_size = 16
-    config.data.buckets.update(dict(token_multiple=16, rows_per_octave=2))
+    config.data.buckets.update(dict(token_multiple=16))
     config.model.encoder = ""
     config.model.tokenizer = minilm.model_dir() if has_minilm() else "word_level:bert"
     config.model.random_encoder = ml_collections.ConfigDict(encoder)
@@ -106,10 +106,10 @@ def paper_config(name: str) -> ml_collections.ConfigDict | None:
     return config
 
 
-def model_config(name: str, *, dtype: str | None = None, remat: bool | None = None,
-                 short_seq_len: int | None = None) -> ml_collections.ConfigDict:
-    """The run configuration of model ``name`` (module docstring); ``dtype`` / ``remat`` /
-    ``short_seq_len`` override ``model.dtype`` / ``model.remat`` / ``data.short_seq_len``."""
+def model_config(name: str, *, dtype: str | None = None,
+                 remat: bool | None = None) -> ml_collections.ConfigDict:
+    """The run configuration of model ``name`` (module docstring); ``dtype`` / ``remat``
+    override ``model.dtype`` / ``model.remat``."""
     if name == "tiny":
         config = tiny.get_config()
     elif name == "minilm":
@@ -136,8 +136,6 @@ def model_config(name: str, *, dtype: str | None = None, remat: bool | None = No
         config.model.dtype = dtype
     if remat is not None:
         config.model.remat = remat
-    if short_seq_len is not None:
-        config.data.short_seq_len = short_seq_len
     return config
 
 
@@ -164,9 +162,8 @@ class BenchmarkLayout:
 
 # Every layout the trip-jax cases can time, by name (``benchmarks.run --layouts``).
 LAYOUTS: dict[str, BenchmarkLayout] = {
-    "packed": BenchmarkLayout({"data.layout": "packed", "model.tiered.cells": "grid"}),
     "packed_tokens": BenchmarkLayout({"data.layout": "packed_tokens", "data.seq_len": 0,
-                                      "data.short_seq_len": 0, "model.tiered.cells": "real"}),
+                                      "model.tiered.cells": "real"}),
     # The model config's own layout and keys, unchanged (the paper configs' exact mode).
     "config": BenchmarkLayout({}),
     "reference_dense": BenchmarkLayout({"model.tiered.cells": "grid"}, batch="reference_dense",
@@ -226,7 +223,7 @@ class Curve:
 
     model: str
     batch_size: int
-    layout: str = "packed"
+    layout: str = "packed_tokens"
     reps: tuple[int, ...] = (1, 2, 4)
     max_pairs: int = 0
     split: str = "dev"  # harness.SPLITS: the pairs of one epoch
@@ -252,12 +249,10 @@ CPU_GRID = Grid(
     "cpu",
     cases=(
         *(Case("tiny", "packed_tokens", b, iters=3) for b in (1, 8)),
-        Case("tiny", "packed", 1, iters=3),
         Case("tiny", _REF, 1, iters=3),
         *(Case("tiny", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
         Case("minilm", "packed_tokens", 1, iters=3),
         Case("minilm", "packed_tokens", 8, iters=2),
-        Case("minilm", "packed", 1),
         Case("minilm", _REF, 1),
         *(Case("minilm", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
         Case("base", "packed_tokens", 1, iters=1),

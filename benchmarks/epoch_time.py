@@ -27,23 +27,14 @@ import time
 import jax
 import numpy as np
 
-from benchmarks import cases, harness, padding
+from benchmarks import cases, harness
 from trip_jax import input_pipeline, runtime
 from trip_jax.data import batching
 
 
-def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int,
-            sort_window: int = 0):
+def _stream(h: harness.Harness, encoded, batch_size: int, layout: str, epoch: int):
     """The epoch's host batches in the given layout (``cases.LAYOUTS``; the harness was built
-    with its overrides); ``sort_window`` > 1 batches similar pairs together
-    (``benchmarks.padding.sorted_window_order``, a proposed batching option, packed only)."""
-    if layout == "packed" and sort_window > 1:
-        order = padding.sorted_window_order(encoded, batch_size, sort_window,
-                                            seed=h.config.train.seed, epoch=epoch)
-        return batching.batches([encoded[i] for i in order], batch_size, layout="packed",
-                                buckets=h.layout.buckets, seq_len=h.layout.seq_len,
-                                max_sentences=h.config.data.max_sentences,
-                                short_seq_len=h.layout.short_seq_len)
+    with its overrides)."""
     if not cases.LAYOUTS[layout].one_pair:
         # As training batches: the config's layout, shuffled by seed and epoch.
         return input_pipeline.batch_stream(encoded, h.layout, batch_size, shuffle=True,
@@ -109,7 +100,6 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed_tokens",
     if prng_impl:
         runtime.set_prng_impl(prng_impl)
     h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
-                              short_seq_len=short_seq_len,
                               overrides=cases.LAYOUTS[layout].overrides, split=split)
 
     def stream(epoch: int):
@@ -143,7 +133,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--layout", default="packed", choices=sorted(cases.LAYOUTS))
+    parser.add_argument("--layout", default="packed_tokens", choices=sorted(cases.LAYOUTS))
     parser.add_argument("--reps", default="1,2,4")
     parser.add_argument("--max-pairs", type=int, default=0)
     parser.add_argument("--dtype", default=None)

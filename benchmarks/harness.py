@@ -34,12 +34,12 @@ import ml_collections
 import numpy as np
 
 from benchmarks import cases, flops
-from trip_jax import batch_contract, builders, input_pipeline, protocol, sharding
-from trip_jax.batch_contract import is_packed_tokens
-from trip_jax.data import batching, features, readers
+from trip_jax import builders, input_pipeline, protocol, sharding
+from trip_jax.data import features, layouts, readers
+from trip_jax.data.batching import BatchPlan
 from trip_jax.data.features import EncodedPair
+from trip_jax.data.layouts import Layout
 from trip_jax.data.types import StoryPair
-from trip_jax.input_pipeline import Layout
 from trip_jax.models import weights
 from trip_jax.models.tiered import TieredConfig
 
@@ -85,7 +85,7 @@ class ModelData:
         """Model ``name`` (``cases.model_config``) with ``overrides`` (dotted config keys) set,
         and the pairs of ``split`` ("dev", or "dev_train": what a dev_train run trains on) of
         ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps the first N pairs."""
-        config = cases.model_config(name, dtype=dtype, remat=remat, short_seq_len=short_seq_len)
+        config = cases.model_config(name, dtype=dtype, remat=remat)
         for key, value in (overrides or {}).items():
             set_config_value(config, key, value)
         config.data.data_dir = data_dir
@@ -111,9 +111,17 @@ class ModelData:
 
     @property
     def layout(self) -> Layout:
-        """The config's batch layout, E fixed as training fixes it (``num_entities``)."""
-        return dataclasses.replace(Layout.from_config(self.config.data),
+        """The config's batch layout (``trip_jax.data.layouts``), E fixed as training fixes it
+        (``num_entities``)."""
+        return dataclasses.replace(layouts.from_config(self.config.data),
                                    num_entities=self.num_entities)
+
+    def layout_named(self, name: str) -> Layout:
+        """The layout ``name`` (``trip_jax.data.layouts``) with the config's other data keys,
+        E and T chosen per batch (no fixed entity count or ``data.seq_len``)."""
+        data = self.config.data.copy_and_resolve_references()
+        data.layout, data.seq_len = name, 0
+        return layouts.from_config(data)
 
     @property
     def tiered(self) -> TieredConfig:
@@ -148,6 +156,7 @@ class Harness:
     encoded = property(lambda self: self.data.encoded)
     num_entities = property(lambda self: self.data.num_entities)
     layout = property(lambda self: self.data.layout)
+    layout_named = property(lambda self: self.data.layout_named)
     tiered = property(lambda self: self.data.tiered)
     mesh = property(lambda self: self.trainer.mesh)
     train_step = property(lambda self: self.trainer.train_step)  # training.step.make_train_step
@@ -173,9 +182,8 @@ class Harness:
     def reference_dense_batch(self, pair: EncodedPair) -> dict[str, np.ndarray]:
         """One pair in the reference's layout (see ``reference_dense_shape``)."""
         entities, seq_len = reference_dense_shape(self.encoded)
-        return features.build_batch([pair], [0], layout="dense", num_entities=entities,
-                                    seq_len=seq_len, pad_id=pair.pad_id,
-                                    max_sentences=self.config.data.max_sentences)
+        return self.layout_named("dense").build(
+            [pair], BatchPlan(np.zeros(1, np.int32), entities, {"T": seq_len}), pair.pad_id)
 
     def layout_batch(self, layout: str, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one batch of benchmark layout ``layout`` (``cases.LAYOUTS``; the
@@ -199,25 +207,19 @@ class Harness:
 
     def layout_summary(self, batch_size: int) -> dict:
         """Padding and compiled shapes of one epoch over the pairs at ``batch_size``: real rows
-        and real tokens over the encoder rows/tokens of every layout of batching (the config's
-        short-row group, pack length, shape limit and row sharing) and of the reference layout,
-        and each one's distinct batch shapes (one compilation each)."""
-        S, layout = self.config.data.max_sentences, self.layout
-        stats = batching.layout_stats(self.encoded, batch_size, buckets=layout.buckets,
-                                      seq_len=layout.seq_len, max_sentences=S,
-                                      short_seq_len=layout.short_seq_len,
-                                      pack_length=layout.pack_length,
-                                      max_shapes=layout.max_shapes,
-                                      dedup_rows=layout.dedup_rows)
-        real_tokens = stats["real_tokens"]
-        summary = {"batch_size": batch_size, "pairs": len(self.encoded),
-                   "real_rows": stats["real_rows"], "real_tokens": real_tokens}
-        for name in features.LAYOUTS:
-            summary[name] = {"rows": stats[f"{name}_rows"],
-                             "real_row_fraction": stats[f"{name}_real_fraction"],
-                             "tokens": stats[f"{name}_tokens"],
-                             "real_token_fraction": stats[f"{name}_token_fraction"],
-                             "distinct_shapes": len(stats[f"{name}_shapes"])}
+        and real tokens over the encoder rows/tokens of every layout (``layout_named``: the
+        config's pack length, shape limit, row sharing and buckets, E bucketed per batch) and of
+        the reference layout, and each one's distinct batch shapes (one compilation each)."""
+        S = self.config.data.max_sentences
+        summary = {"batch_size": batch_size, "pairs": len(self.encoded)}
+        for name in layouts.NAMES:
+            stats = self.layout_named(name).stats(self.encoded, batch_size)
+            summary.update(real_rows=stats["real_rows"], real_tokens=stats["real_tokens"])
+            summary[name] = {"rows": stats["rows"], "real_row_fraction": stats["real_fraction"],
+                             "tokens": stats["tokens"],
+                             "real_token_fraction": stats["token_fraction"],
+                             "distinct_shapes": len(stats["shapes"])}
+        real_tokens = summary["real_tokens"]
         entities, seq_len = reference_dense_shape(self.encoded)
         rows = len(self.encoded) * 2 * entities * S
         summary["reference_dense"] = {
@@ -340,7 +342,7 @@ def batch_info(local: dict[str, np.ndarray], lengths: np.ndarray) -> dict:
     work); ``encoded_real_tokens`` those the encoder runs on (fewer where packed_tokens encodes
     rows of equal tokens once); ``packing_efficiency`` = the latter / ``encoder_tokens``."""
     groups = flops.row_group_shapes(local)
-    packed = is_packed_tokens(local)
+    packed = "segment_ids" in local  # rows share sequences
     info = {"pairs": int(local["pair_mask"].sum()), "real_rows": int(local["row_mask"].sum()),
             "encoder_rows": (int(local["row_start"].size) if packed
                              else sum(rows for rows, _, _ in groups)),

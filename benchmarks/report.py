@@ -69,6 +69,7 @@ def _model(record: dict) -> str:
     name = record["model"]
     if record.get("dtype", "float32") != "float32":
         name += f" {record['dtype']}"
+    # Records made before issue 25 may have used the retired short-row group.
     name += f" short{record['short_seq_len']}" if record.get("short_seq_len") else ""
     return name + (" remat" if record.get("remat") else "")
 
@@ -217,22 +218,24 @@ def markdown(results: dict) -> str:
                   "PyTorch reference at batch 1):", ""]
         lines += _table(["model", "layout", "target", "measured", "required", "status"],
                         target_rows(results["targets"]))
+    summaries = [c for c in results["cases"]
+                 if "error" not in c and c["layout"] == "packed_tokens"]
+    # Records made before issue 25 also hold the retired "packed" layout's column.
+    columns = [k for k in ("packed_tokens", "packed", "dense", "reference_dense")
+               if k != "packed" or any(k in c["epoch_layout"] for c in summaries)]
     layout_rows = []
-    for c in results["cases"]:
-        if "error" in c or c["layout"] != "packed_tokens":
-            continue
+    for c in summaries:
         s = c["epoch_layout"]
         layout_rows.append([c["model"], s["batch_size"]] + [
             f"{100 * s[k]['real_row_fraction']:.0f}% / {100 * s[k]['real_token_fraction']:.0f}%"
-            f" / {s[k]['distinct_shapes']}" if k in s else "-"
-            for k in ("packed_tokens", "packed", "dense", "reference_dense")])
+            f" / {s[k]['distinct_shapes']}" if k in s else "-" for k in columns])
     if layout_rows:
         lines += ["", "One epoch over the dev pairs: real rows / real tokens / distinct "
                   "batch shapes (one compilation each) per layout (real tokens over encoder "
                   "tokens; above 100% where packed_tokens encodes rows with equal tokens once):",
                   ""]
-        lines += _table(["model", "B", "packed_tokens", "packed", "dense (bucketed E)",
-                         "reference"], layout_rows)
+        names = {"dense": "dense (bucketed E)", "reference_dense": "reference"}
+        lines += _table(["model", "B", *(names.get(k, k) for k in columns)], layout_rows)
     curve_rows = []
     for curve in results.get("epoch_curves", []):
         if "error" in curve:
@@ -276,7 +279,8 @@ def comparison(runs: dict[str, dict]) -> str:
     for label, results in runs.items():
         options = results.get("options", {})
         changed = ", ".join(f"{k}={v}" for k, v in options.items() if k in (
-            "dtype", "remat", "prng_impl", "compile_cache", "short_seq_len") and v)
+            "dtype", "remat", "prng_impl", "compile_cache",
+            "short_seq_len") and v)  # short_seq_len: records made before issue 25
         for c in results["cases"]:
             if "error" in c:
                 continue

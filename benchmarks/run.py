@@ -17,9 +17,8 @@ same model and mode (``torch_ratios``), the MiniLM targets of issue #15 (``targe
 markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
 
 ``--models``, ``--batch-sizes``, ``--layouts``, ``--skip-curves``, ``--dtype``, ``--remat``,
-``--prng-impl``, ``--short-seq-len``, ``--sort-window`` and ``--compile-cache`` narrow or
-change the grid for before/after experiments (``python -m benchmarks.report A.json B.json``
-compares the runs).
+``--prng-impl`` and ``--compile-cache`` narrow or change the grid for before/after
+experiments (``python -m benchmarks.report A.json B.json`` compares the runs).
 """
 
 from __future__ import annotations

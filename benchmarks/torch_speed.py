@@ -8,9 +8,9 @@ that its peak memory is its own. Layouts:
   (rows cut at 16 tokens, token types zero), padded to the data's largest entity count x 7
   sentences x 16 tokens, and every cell of that grid is an encoder row
   (``ReferenceModel.forward_padded``).
-- ``torch_rows``: only the real rows of trip-jax's packed batch of the same pairs, at the same
-  token length T, plus the one padding row whose vector fills the padding cells
-  (``ReferenceModel.forward_rows``).
+- ``torch_rows``: only the rows on real cells of trip-jax's dense batch of the same pairs (E
+  and T bucketed per batch, the config's buckets), at that token length T, plus the one padding
+  row whose vector fills the padding cells (``ReferenceModel.forward_rows``).
 
 Batches: ``batch_size`` pairs picked as the trip-jax cases pick them
 (``harness.representative_indices``), batched into one torch step over their (B, 2, E, S) grid
@@ -46,7 +46,7 @@ import transformers  # noqa: E402
 
 from benchmarks import cases, flops, harness  # noqa: E402
 from trip_jax import input_pipeline  # noqa: E402
-from trip_jax.data import features  # noqa: E402
+from trip_jax.data.batching import BatchPlan  # noqa: E402
 from trip_jax.models import torch_reference as ref  # noqa: E402
 from trip_jax.models.tiered import TieredConfig  # noqa: E402
 
@@ -59,24 +59,20 @@ def padded_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.
     """The pairs ``indices`` as the reference fed them: a dense batch at the data's largest
     entity count and 16 tokens a row, re-encoded with rows cut at 16 and zero token types.
     Returns (host batch, token length of every real row)."""
-    layout = dataclasses.replace(input_pipeline.Layout.from_config(data.config.data),
-                                 max_length=REFERENCE_ROW_LENGTH,
+    layout = dataclasses.replace(data.layout_named("dense"), max_length=REFERENCE_ROW_LENGTH,
                                  token_types=REFERENCE_TOKEN_TYPES)
     pairs = input_pipeline.encode([data.pairs[i] for i in indices], data.tokenizer, layout)
     entities = max(p.num_entities for p in data.encoded)
-    local = features.build_batch(pairs, list(range(len(pairs))), layout="dense",
-                                 num_entities=entities, seq_len=REFERENCE_ROW_LENGTH,
-                                 pad_id=pairs[0].pad_id, max_sentences=layout.max_sentences)
+    local = layout.build(pairs, BatchPlan(np.arange(len(pairs), dtype=np.int32), entities,
+                                          {"T": REFERENCE_ROW_LENGTH}), pairs[0].pad_id)
     return local, harness.real_lengths(pairs)
 
 
 def rows_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.ndarray]:
-    """trip-jax's packed batch of the pairs ``indices`` (the config's buckets and T, one row
-    group). Returns (host batch, token length of every real row)."""
-    layout = dataclasses.replace(input_pipeline.Layout.from_config(data.config.data),
-                                 layout="packed", short_seq_len=None)
+    """trip-jax's dense batch of the pairs ``indices`` (the config's buckets; ``row_inputs``
+    keeps its rows on real cells). Returns (host batch, token length of every real row)."""
     pairs = [data.encoded[i] for i in indices]
-    batch = next(input_pipeline.batch_stream(pairs, layout, len(pairs)))
+    batch = next(input_pipeline.batch_stream(pairs, data.layout_named("dense"), len(pairs)))
     return batch, harness.real_lengths(pairs)
 
 
@@ -135,7 +131,7 @@ def run_case(case: dict) -> dict:
               "threads": torch.get_num_threads(),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "dtype": "float32",
               "remat": False,
-              "short_seq_len": 0, "tokenizer": data.tokenizer_name(),
+              "tokenizer": data.tokenizer_name(),
               "encoder": {k: getattr(hf_config, k) for k in (
                   "model_type", "hidden_size", "num_hidden_layers", "intermediate_size")},
               "encoder_matmul_params": flops.encoder_matmul_params(hf_config),
@@ -154,9 +150,9 @@ def run_case(case: dict) -> dict:
 
 
 def _rows_info(info: dict, tiered: TieredConfig) -> dict:
-    """``batch_info`` of the packed batch, counted as the torch step runs it: the real rows at
-    T plus one padding row of ``padding_row_length`` tokens (not the packed batch's padding
-    rows)."""
+    """``batch_info`` of the dense batch, counted as the torch step runs it: the real rows at
+    T plus one padding row of ``padding_row_length`` tokens (not the dense batch's padding
+    cells)."""
     real, seq_len, pad_len = info["real_rows"], info["seq_len"], tiered.padding_row_length
     info = dict(info, encoder_rows=real + 1, row_groups=[[real, real, seq_len], [1, 0, pad_len]],
                 encoder_tokens=real * seq_len + pad_len)

@@ -106,7 +106,7 @@ def test_cpu_smoke_results(tmp_path, compilation_cache_dir):
         ratio["packed_pairs_per_s"] / ratio["reference_pairs_per_s"])
 
     # The PyTorch reference on the pair of the reference-layout case: padded, every cell of
-    # the data-maximum grid a row of 16 tokens; rows, the real rows (at the packed layout's
+    # the data-maximum grid a row of 16 tokens; rows, the real rows (at the dense layout's
     # bucketed T) plus the one padding row.
     check_torch_case(torch_padded, "torch_padded")
     check_torch_case(torch_rows, "torch_rows")
@@ -141,6 +141,8 @@ def test_cpu_smoke_results(tmp_path, compilation_cache_dir):
     assert "| tiny | packed_tokens | 2 | train |" in results["markdown"]
     assert "| tiny | torch_rows | 1 | train |" in results["markdown"]
     assert "| x torch padded | x torch rows |" in results["markdown"]
+    # The epoch table: today's layouts only (the retired packed layout's column: old records).
+    assert "| model | B | packed_tokens | dense (bucketed E) | reference |" in results["markdown"]
     eval_ratio = torch_ratios[("reference_dense", 1, "eval")]
     assert f"| {eval_ratio['x_torch_padded']:.2f}x | {eval_ratio['x_torch_rows']:.2f}x |" in (
         results["markdown"])
@@ -168,13 +170,14 @@ def _minilm_case(layout: str, batch_size: int, step_s: float, rss_mib: float) ->
 
 
 def test_targets_say_met_or_by_how_much_missed():
-    records = [_minilm_case("packed", 1, 2.0, 3000), _minilm_case("packed", 8, 12.0, 6144),
+    records = [_minilm_case("packed_tokens", 1, 2.0, 3000),
+               _minilm_case("packed_tokens", 8, 12.0, 6144),
                _minilm_case("torch_padded", 1, 6.0, 2000),
                _minilm_case("torch_rows", 1, 1.6, 2000),
                _minilm_case("reference_dense", 1, 5.0, 3000)]
     ratios = run.torch_ratios(records)
     targets = {t["target"]: t for t in run.targets(records, ratios)}
-    assert {t["layout"] for t in run.targets(records, ratios)} == {"packed"}
+    assert {t["layout"] for t in run.targets(records, ratios)} == {"packed_tokens"}
     # 6.0 / 2.0 = 3x the padded step: 25% short of 4x; 1.6 / 2.0 = 0.8x the rows step.
     assert targets["train_x_torch_padded"]["measured"] == pytest.approx(3.0)
     assert targets["train_x_torch_padded"]["missed_by"] == pytest.approx(0.25)
@@ -217,9 +220,8 @@ def test_layout_table_sets_config_keys_and_batch_sizes():
     for key, value in {"data.layout": "dense", "model.tiered.detector_layers": 3}.items():
         harness.set_config_value(config, key, value)
     assert config.data.layout == "dense" and config.model.tiered.detector_layers == 3
-    assert cases.LAYOUTS["packed"].overrides == {"data.layout": "packed",
-                                                   "model.tiered.cells": "grid"}
-    assert cases.LAYOUTS["packed_tokens"].overrides["data.layout"] == "packed_tokens"
+    assert cases.LAYOUTS["packed_tokens"].overrides == {
+        "data.layout": "packed_tokens", "data.seq_len": 0, "model.tiered.cells": "real"}
     assert [n for n, spec in cases.LAYOUTS.items() if spec.baseline] == [cases.REFERENCE_LAYOUT]
     assert not set(cases.LAYOUTS) & set(cases.TORCH_LAYOUTS)
     with pytest.raises(ValueError, match="one pair a batch"):
