@@ -2,7 +2,7 @@
 
 Runs the training loop's inner steps as ``trip_jax.train`` runs them:
 ``input_pipeline.batch_stream`` (shuffled by seed and epoch, the config's layout and buckets) →
-``sharding.global_batch`` → the jitted train step, with metrics left on the device until the epoch
+``input_pipeline.global_batch`` → the jitted train step, with metrics left on the device until the epoch
 ends. The reference layout (``reference_dense``) instead feeds one pair a batch, padded to the
 data's maximum sizes.
 

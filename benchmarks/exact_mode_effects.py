@@ -28,7 +28,7 @@ import optax
 from benchmarks import harness
 from configs import base, minilm
 from trip_jax import builders, losses, optimizers, protocol
-from trip_jax.data import batching, features, layouts
+from trip_jax.data import batching, features, layouts, tokenizers
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 
 # One key per difference: its clean value (the exact value is configs/base.py REFERENCE_MODES).
@@ -145,7 +145,7 @@ def main() -> None:
     everything = splits.train + splits.selection + splits.test
     data_max = max(s.num_entities for p in everything for s in p.stories)
     pair = pick_pair(splits.train + splits.selection)  # dev pairs
-    tokenizer = builders.build_tokenizer(exact.model, [])
+    tokenizer = tokenizers.build_tokenizer(exact.model, [])
     hf_config, encoder_params = builders.build_encoder_config(exact.model, tokenizer)
 
     def variant(config):

@@ -35,7 +35,7 @@ import numpy as np
 
 from benchmarks import cases, flops
 from trip_jax import builders, input_pipeline, protocol, sharding
-from trip_jax.data import features, layouts, readers
+from trip_jax.data import features, layouts, readers, tokenizers
 from trip_jax.data.batching import BatchPlan
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.layouts import Layout
@@ -101,7 +101,7 @@ class ModelData:
             pairs = readers.load_split(readers.default_data_dir(data_dir or None), "dev")
         if max_pairs:
             pairs = pairs[:max_pairs]
-        tokenizer = builders.build_tokenizer(config.model, features.vocabulary_texts(pairs))
+        tokenizer = tokenizers.build_tokenizer(config.model, features.vocabulary_texts(pairs))
         layout = layouts.from_config(config.data)
         encoded = input_pipeline.encode(pairs, tokenizer, layout)
         fixed = layout.for_splits(splits).num_entities
@@ -138,7 +138,7 @@ class ModelData:
 
     def tokenizer_name(self) -> str:
         """What tokenized the rows (for the results)."""
-        return builders.tokenizer_spec(self.config.model)
+        return tokenizers.tokenizer_spec(self.config.model)
 
 
 @dataclasses.dataclass
@@ -160,7 +160,7 @@ class Harness:
     tiered = property(lambda self: self.data.tiered)
     mesh = property(lambda self: self.trainer.mesh)
     train_step = property(lambda self: self.trainer.train_step)  # training.step.make_train_step
-    eval_step = property(lambda self: self.trainer.eval_step)  # evaluate.make_eval_step
+    eval_step = property(lambda self: self.trainer.eval_step)  # training.step.make_eval_step
 
     @classmethod
     def build(cls, name: str, **load) -> "Harness":
@@ -229,8 +229,8 @@ class Harness:
         return summary
 
     def to_device(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """The host→device copy the training loop makes (``sharding.global_batch``)."""
-        return sharding.global_batch(local, self.mesh)
+        """The host→device copy the training loop makes (``input_pipeline.global_batch``)."""
+        return input_pipeline.global_batch(local, self.mesh)
 
 
 def reference_dense_shape(encoded: Sequence[EncodedPair]) -> tuple[int, int]:
