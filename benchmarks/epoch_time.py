@@ -28,7 +28,8 @@ import jax
 import numpy as np
 
 from benchmarks import cases, harness
-from trip_jax import input_pipeline, runtime
+from trip_jax.data import input_pipeline
+from trip_jax.runtime import jax_setup
 from trip_jax.data import batching
 
 
@@ -98,7 +99,7 @@ def epoch_curve(model: str, batch_size: int, *, layout: str = "packed_tokens",
                 split: str = "dev") -> dict:
     """Compiles every shape, then times warm epochs at ``reps`` × the pairs of ``split``."""
     if prng_impl:
-        runtime.set_prng_impl(prng_impl)
+        jax_setup.set_prng_impl(prng_impl)
     h = harness.Harness.build(model, data_dir=data_dir, max_pairs=max_pairs, dtype=dtype,
                               overrides=cases.LAYOUTS[layout].overrides, split=split)
 

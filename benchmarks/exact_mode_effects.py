@@ -27,7 +27,9 @@ import optax
 
 from benchmarks import harness
 from configs import base, minilm
-from trip_jax import builders, losses, optimizers, protocol
+from trip_jax.data import protocol
+from trip_jax.models import builders
+from trip_jax.training import losses, optimizers
 from trip_jax.data import batching, features, layouts, tokenizers
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 

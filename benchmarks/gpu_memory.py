@@ -45,7 +45,7 @@ def residual_bytes(hf_config, dtype: str, sequences: int, pack_length: int = 64)
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from trip_jax import builders  # noqa: PLC0415
+    from trip_jax.models import builders  # noqa: PLC0415
     from trip_jax.models.encoders import build_encoder  # noqa: PLC0415
 
     shape = (sequences, pack_length)
@@ -137,7 +137,7 @@ def estimates(cases: list[dict], ratios: dict[str, dict] | None = None) -> list[
 def main(argv=None) -> None:
     """Adds the residual ratios of the paper encoders and the estimates to a results file."""
     from benchmarks import paper_encoders, report  # noqa: PLC0415
-    from trip_jax import builders  # noqa: PLC0415
+    from trip_jax.models import builders  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("results", help="a benchmarks.run --paper results file (rewritten)")

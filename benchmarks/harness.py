@@ -1,7 +1,7 @@
 """The benchmarks' one harness: a model's real training objects, its batches, and the timers.
 
 Setup: ``ModelData.load`` builds model NAME's run configuration (``benchmarks.cases``) and
-reads and tokenizes the dev pairs of ``$TRIP_DATA_DIR`` as ``trip_jax.input_pipeline`` does;
+reads and tokenizes the dev pairs of ``$TRIP_DATA_DIR`` as ``trip_jax.data.input_pipeline`` does;
 ``Harness.build`` adds the mesh, the model and, with ``training.step.build_trainer`` (as training
 does), the optimizer, the train state and the jitted train and eval steps. The benchmarks time
 exactly those step functions (encoder + heads + detector + loss + optimizer update).
@@ -34,7 +34,9 @@ import ml_collections
 import numpy as np
 
 from benchmarks import cases, flops
-from trip_jax import builders, input_pipeline, protocol, sharding
+from trip_jax.data import input_pipeline, protocol
+from trip_jax.models import builders
+from trip_jax.runtime import sharding
 from trip_jax.data import features, layouts, readers, tokenizers
 from trip_jax.data.batching import BatchPlan
 from trip_jax.data.features import EncodedPair

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import optax
 
 from benchmarks import cases, harness
-from trip_jax import losses, runtime
+from trip_jax.runtime import jax_setup
+from trip_jax.training import losses
 
 
 def _median_seconds(fn, args: tuple, iters: int) -> float:
@@ -44,7 +45,7 @@ def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
                  prng_impl: str | None = None) -> dict:
     """Times the pieces of one train step (module docstring); returns seconds and shares."""
     if prng_impl:
-        runtime.set_prng_impl(prng_impl)
+        jax_setup.set_prng_impl(prng_impl)
     h = harness.Harness.build(model, overrides=cases.LAYOUTS[layout].overrides)
     local = h.layout_batch(layout, harness.representative_pairs(h.encoded, batch_size))
     batch = h.to_device(local)

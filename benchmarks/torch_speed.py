@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from benchmarks import cases, flops, harness  # noqa: E402
-from trip_jax import input_pipeline  # noqa: E402
+from trip_jax.data import input_pipeline  # noqa: E402
 from trip_jax.data.batching import BatchPlan  # noqa: E402
 from trip_jax.models import torch_reference as ref  # noqa: E402
 from trip_jax.models.tiered import TieredConfig  # noqa: E402

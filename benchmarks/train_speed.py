@@ -22,7 +22,7 @@ import time
 import jax
 
 from benchmarks import cases, flops, harness
-from trip_jax import runtime
+from trip_jax.runtime import jax_setup
 
 
 def memory_plan(h: harness.Harness, batch_size: int, modes: tuple[str, ...]) -> dict:
@@ -49,7 +49,7 @@ def run_case(case: dict) -> dict:
     largest batch at those batch sizes, compiled only); returns its record."""
     if case.get("prng_impl"):
         # Global, so it must be set before the harness creates the init and dropout keys.
-        runtime.set_prng_impl(case["prng_impl"])
+        jax_setup.set_prng_impl(case["prng_impl"])
     layout, batch_size = case["layout"], int(case["batch_size"])
     if layout not in cases.LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {sorted(cases.LAYOUTS)}")

@@ -36,7 +36,7 @@ import ml_collections
 
 from trip_jax.cli import unknown_choice
 from trip_jax.config import fields, sections
-from trip_jax.losses import LOSS_PRESETS
+from trip_jax.training.losses import LOSS_PRESETS
 
 DEFAULT_LOSS_PRESET = "omit_story"
 
@@ -74,10 +74,10 @@ REFERENCE_MODES: dict[str, dict[str, object]] = {
 PRESETS: dict[str, dict[str, object]] = {
     "reference": {},
     "coherent": {
-        # Story, conflicting pair and backing states decoded jointly (trip_jax/decoding.py).
+        # Story, conflicting pair and backing states decoded jointly (trip_jax/evaluation/decoding.py).
         "decoding.method": "coherent",
         # A state is asserted at probability >= 0.5 only, and an object named twice in a story
-        # gets its states under one name (trip_jax/decoding.py).
+        # gets its states under one name (trip_jax/evaluation/decoding.py).
         "decoding.state_threshold": 0.5,
         "decoding.alias_states": True,
         # Evidence of contradicting predicted states into the detector, with a direct path.
@@ -91,7 +91,7 @@ PRESETS: dict[str, dict[str, object]] = {
         # Heads and detector start from scratch: a higher peak rate, warm-up and linear decay.
         "train.head_learning_rate": 2e-3,
         "train.schedule": "warmup_linear",
-        # Selection robust to a small held-out slice (trip_jax/selection.py).
+        # Selection robust to a small held-out slice (trip_jax/training/selection.py).
         "train.selection": "smoothed",
     },
 }

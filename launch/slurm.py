@@ -12,7 +12,7 @@ N processes in jax.distributed, each feeding its share of the batch, with NCCL i
 across nodes. --per-gpu starts G tasks per node instead (N×G processes, each on GPU
 SLURM_LOCALID). The script exports TRIP_COORDINATOR_ADDRESS (first node of the job, port
 --port or 61440 + job id mod 4096) and `srun` starts `python -m trip_jax.main` once per task;
-trip_jax.distributed takes the process count and id from SLURM_NTASKS / SLURM_PROCID.
+trip_jax.runtime.distributed takes the process count and id from SLURM_NTASKS / SLURM_PROCID.
 The workdir must be on a file system that every node sees (checkpoints are written by all
 processes). Needs only the Python standard library (and sbatch for --submit).
 """
@@ -64,7 +64,7 @@ def batch_script(args, overrides: list[str]) -> str:
         *args.setup,
         *(f"export {key}={shlex.quote(value)}" for key, value in args.env),
         "# jax.distributed: the job's first node runs the coordinator (task 0 runs there);",
-        "# trip_jax.distributed reads the process count and id from SLURM_NTASKS / SLURM_PROCID.",
+        "# trip_jax.runtime.distributed reads the process count and id from SLURM_NTASKS / SLURM_PROCID.",
         'COORDINATOR_HOST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f'export TRIP_COORDINATOR_ADDRESS="${{COORDINATOR_HOST}}:{port}"',
         f'export XLA_FLAGS="${{XLA_FLAGS:-}} {GPU_XLA_FLAGS}"',

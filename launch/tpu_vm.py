@@ -14,7 +14,7 @@ setup packs this checkout (no .git), copies it to every worker (tpu-vm scp --wor
 installs it there (`pip install jax[tpu]` and `pip install -e .`). run starts
 `python3 -m trip_jax.main` with nohup on every worker at once (--worker=all), logging to a file in
 the remote home; the workers find each other through jax's TPU detection
-(trip_jax.distributed). The workdir must be a gs:// path: checkpoints of a pod slice are written
+(trip_jax.runtime.distributed). The workdir must be a gs:// path: checkpoints of a pod slice are written
 by all hosts to one place. Remote paths are relative to the remote home directory.
 Needs only the Python standard library and gcloud (authenticated, with a default project or
 --project).

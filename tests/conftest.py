@@ -46,12 +46,12 @@ def compilation_cache_dir(tmp_path_factory) -> pathlib.Path:
 def compilation_cache(compilation_cache_dir):
     """Lets every compilation after the first in this session load from disk (this module
     only: the settings are restored afterwards)."""
-    from trip_jax import runtime
+    from trip_jax.runtime import jax_setup
 
     keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
             "jax_persistent_cache_min_entry_size_bytes")
     saved = {key: getattr(jax.config, key) for key in keys}
-    runtime.enable_compilation_cache(str(compilation_cache_dir))
+    jax_setup.enable_compilation_cache(str(compilation_cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # tiny programs too
     yield compilation_cache_dir
     for key, value in saved.items():

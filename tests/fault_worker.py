@@ -27,7 +27,8 @@ def die() -> None:
 
 def install(point: str) -> None:
     """Patches the function where ``point`` lies so that the process dies there."""
-    from trip_jax import paths, train
+    from trip_jax import train
+    from trip_jax.runtime import paths
 
     kind, _, where = point.partition(":")
     if kind == "step":

@@ -2,7 +2,7 @@
 
 ``run_processes("module:function", 2, kwargs={...})`` starts N interpreters on this machine, each
 with ``devices_per_process`` CPU devices and the TRIP_* variables that make
-``trip_jax.distributed.initialize_distributed`` join a localhost coordinator; each calls
+``trip_jax.runtime.distributed.initialize_distributed`` join a localhost coordinator; each calls
 ``function(**kwargs)`` after joining and writes its JSON-serialisable return value to a file. The
 results come back ordered by process id. A process that fails stops the others at once; a run
 that outlasts ``timeout_s`` is killed. Both raise ``MultiprocessError`` with every process's log.
@@ -31,7 +31,7 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 _LOG_TAIL_CHARS = 4000
-# Read by trip_jax.distributed (and jax); set here for the children only.
+# Read by trip_jax.runtime.distributed (and jax); set here for the children only.
 _CLUSTER_VARS = ("TRIP_DISTRIBUTED", "TRIP_COORDINATOR_ADDRESS", "TRIP_NUM_PROCESSES",
                  "TRIP_PROCESS_ID", "TRIP_LOCAL_DEVICE_IDS", "TRIP_COORDINATOR_PORT",
                  "JAX_COORDINATOR_ADDRESS")
@@ -186,7 +186,7 @@ def _child_main(argv: list[str]) -> None:
     import jax
     from absl import logging
 
-    from trip_jax.distributed import initialize_distributed
+    from trip_jax.runtime.distributed import initialize_distributed
 
     logging.set_verbosity(logging.INFO)  # the plan's log line lands in the process log
     initialize_distributed(initialization_timeout=args.init_timeout)

@@ -106,7 +106,9 @@ def training_worker(data_dir: str, workdir: str, out_dir: str) -> dict:
     its latest checkpoint on the same mesh; dumps the final and the restored parameters."""
     import jax
 
-    from trip_jax import checkpoints, evaluate, train
+    from trip_jax import train
+    from trip_jax.evaluation import evaluate
+    from trip_jax.training import checkpoints
     from trip_jax.training import step as training_step
 
     _quiet_orbax()
@@ -138,7 +140,7 @@ def restore_worker(workdir: str, out_dir: str) -> dict:
     (``checkpoints.restore_for_eval``'s default mesh) and dumps its parameters."""
     import jax
 
-    from trip_jax import checkpoints
+    from trip_jax.training import checkpoints
 
     _quiet_orbax()
     restored = checkpoints.restore_for_eval(workdir, checkpoints.LATEST)

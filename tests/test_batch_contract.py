@@ -1,4 +1,4 @@
-"""The batch contract (trip_jax.batch_contract): every producer of batches and the model's outputs
+"""The batch contract (trip_jax.data.batch_contract): every producer of batches and the model's outputs
 checked against the one table, and the check itself rejecting what breaks the contract."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from trip_jax import batch_contract, builders, input_pipeline, predict
-from trip_jax.batch_contract import BatchContractError
+from trip_jax.data import batch_contract, input_pipeline
+from trip_jax.evaluation import predict
+from trip_jax.models import builders
+from trip_jax.data.batch_contract import BatchContractError
 from trip_jax.data import batching, features, layouts
 from trip_jax.data.batching import BatchPlan
 

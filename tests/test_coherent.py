@@ -9,8 +9,10 @@ import shutil
 import pytest
 
 from configs import base, minilm, roberta, tiny
-from trip_jax import (checkpoints, evaluate, metrics, predict, run_summary, schema, selection,
-                      train)
+from trip_jax import train
+from trip_jax.data import schema
+from trip_jax.evaluation import evaluate, metrics, predict, run_summary
+from trip_jax.training import checkpoints, selection
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

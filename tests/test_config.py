@@ -8,8 +8,11 @@ import pathlib
 import pytest
 
 from configs import base, minilm
-from trip_jax import (builders, checkpoints, cli, input_pipeline, main, optimizers, protocol,
-                      runtime, selection)
+from trip_jax import cli, main
+from trip_jax.data import input_pipeline, protocol
+from trip_jax.models import builders
+from trip_jax.runtime import jax_setup
+from trip_jax.training import checkpoints, optimizers, selection
 from trip_jax.config import checks, fields, migrate, sections
 from trip_jax.data import features, readers
 from trip_jax.models import encoders, tiered
@@ -45,7 +48,7 @@ def test_the_cli_checks_are_the_schemas():
     ("model.tiered.detector_activation", tuple(sorted(tiered._ACTIVATIONS))),
     ("train.optimizer", optimizers.OPTIMIZERS),
     ("train.schedule", optimizers.SCHEDULES),
-    ("train.prng_impl", runtime.PRNG_IMPLS),
+    ("train.prng_impl", jax_setup.PRNG_IMPLS),
     ("train.selection", selection.SELECTIONS),
 ])
 def test_each_choice_is_what_the_module_using_it_implements(key, implemented):

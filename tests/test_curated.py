@@ -1,4 +1,4 @@
-"""The curated marker (trip_jax/curated.py): matching HAR's curated pairs to a split's pairs, the
+"""The curated marker (trip_jax/data/curated.py): matching HAR's curated pairs to a split's pairs, the
 tiers of each half, and the split in reports and run summaries; on small files, no training."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from trip_jax import curated, reports, run_summary
+from trip_jax.data import curated
+from trip_jax.evaluation import reports, run_summary
 from trip_jax.data import readers
 from trip_jax.data.readers import TripDataError
 

@@ -1,4 +1,4 @@
-"""Coherent decoding (trip_jax/decoding.py) on hand-made pairs, and both decodings scored side by
+"""Coherent decoding (trip_jax/evaluation/decoding.py) on hand-made pairs, and both decodings scored side by
 side (evaluate.decoded_scores)."""
 
 import dataclasses
@@ -6,8 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trip_jax import decoding, evaluate, explain, metrics, schema
-from trip_jax.decoding import FALSE, TRUE, DecodingConfig
+from trip_jax.data import schema
+from trip_jax.evaluation import decoding, evaluate, explain, metrics
+from trip_jax.evaluation.decoding import FALSE, TRUE, DecodingConfig
 
 POWER = schema.ATTRIBUTE_INDEX["power"]
 OPEN = schema.ATTRIBUTE_INDEX["open"]

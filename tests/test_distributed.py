@@ -8,8 +8,8 @@ import stat
 import jax
 import pytest
 
-from trip_jax import distributed
-from trip_jax.distributed import first_hostname, initialize_distributed, plan_distributed
+from trip_jax.runtime import distributed
+from trip_jax.runtime.distributed import first_hostname, initialize_distributed, plan_distributed
 
 SLURM_TASK = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "4", "SLURM_PROCID": "2",
               "SLURM_LOCALID": "0", "SLURM_STEP_NUM_NODES": "4",

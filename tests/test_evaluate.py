@@ -18,8 +18,9 @@ import jax
 import numpy as np
 import pytest
 
-from trip_jax import (checkpoints, evaluate, input_pipeline, metrics, protocol, random_baseline,
-                      schema)
+from trip_jax.data import input_pipeline, protocol, schema
+from trip_jax.evaluation import evaluate, metrics, random_baseline
+from trip_jax.training import checkpoints
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BEST = "selected-4"  # the tiny run's selected checkpoint: its only selection, step 4

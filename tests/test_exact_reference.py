@@ -26,11 +26,11 @@ from configs import base, bert, deberta, minilm, roberta, tiny
 from trip_jax.data import batching, features, layouts
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
-from trip_jax.losses import LossConfig, tiered_loss
+from trip_jax.training.losses import LossConfig, tiered_loss
 from trip_jax.models.bert import BertEncoder
 from trip_jax.models.exact_mode import LEGACY_MASK_BIAS
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
-from trip_jax.optimizers import make_optimizer
+from trip_jax.training.optimizers import make_optimizer
 
 S = 7
 CUT = 16

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from trip_jax import schema
-from trip_jax.explain import explain_pair, explanation_text
+from trip_jax.data import schema
+from trip_jax.evaluation.explain import explain_pair, explanation_text
 
 A = schema.NUM_ATTRIBUTES
 POWER = schema.ATTRIBUTE_INDEX["power"]

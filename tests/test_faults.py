@@ -23,7 +23,9 @@ import jax
 import numpy as np
 import pytest
 
-from trip_jax import checkpoints, train, workdir_lock
+from trip_jax import train
+from trip_jax.runtime import workdir_lock
+from trip_jax.training import checkpoints
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trip_jax.distributed import plan_distributed
+from trip_jax.runtime.distributed import plan_distributed
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
 TPU = ["--name", "trip pod", "--zone", "us-central2-b"]
@@ -229,7 +229,7 @@ def test_slurm_script_sets_up_jax_distributed(tmp_path):
     assert coordinator == "node-a:61586"  # first node, port 61440 + 4242 % 4096
     assert srun[:2] == ["--nodes=2", "--ntasks-per-node=1"]
     assert xla_flags.split() == ["--xla_gpu_enable_latency_hiding_scheduler=true"]
-    # What trip_jax.distributed makes of task 1 of that job.
+    # What trip_jax.runtime.distributed makes of task 1 of that job.
     task = {"TRIP_COORDINATOR_ADDRESS": coordinator, "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2",
             "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_STEP_NUM_NODES": "2"}
     plan = plan_distributed(task, on_tpu_vm=False)
@@ -270,7 +270,7 @@ def test_multi_gpu_command(tmp_path):
                    "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
     assert cmd[i:] == ["-m", "trip_jax.main", "--config=configs/my config.py",
                        f"--workdir={tmp_path / 'work dir'}", "--config.name=two words"]
-    # One process: trip_jax.distributed does not join a cluster even inside a SLURM job.
+    # One process: trip_jax.runtime.distributed does not join a cluster even inside a SLURM job.
     slurm_task = {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
     assert plan_distributed({**slurm_task, **env}, on_tpu_vm=False).method == "single"
 

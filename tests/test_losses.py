@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from trip_jax import schema
-from trip_jax.losses import LOSS_PRESETS, LossConfig, loss_preset, tiered_loss
+from trip_jax.data import schema
+from trip_jax.training.losses import LOSS_PRESETS, LossConfig, loss_preset, tiered_loss
 from trip_jax.models.tiered import NEG_LOGIT, class_mask
 
 B, E, S = 2, 2, 3

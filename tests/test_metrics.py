@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trip_jax import metrics, schema
+from trip_jax.data import schema
+from trip_jax.evaluation import metrics
 
 E, S, A = 3, 5, schema.NUM_ATTRIBUTES
 POWER = schema.ATTRIBUTE_INDEX["power"]
@@ -304,7 +305,7 @@ def test_bad_inputs_are_rejected():
 
 def test_metrics_module_does_not_import_jax():
     # A fresh interpreter: importing the metrics must not load JAX, even indirectly.
-    code = ("import sys, trip_jax.metrics; "
+    code = ("import sys, trip_jax.evaluation.metrics; "
             "print(sorted(m for m in ('jax', 'jaxlib', 'flax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=pathlib.Path(metrics.__file__).parents[1])

@@ -1,4 +1,4 @@
-"""Tests of trip_jax.optimizers: transformers.AdamW's update and torch's clipping, by hand."""
+"""Tests of trip_jax.training.optimizers: transformers.AdamW's update and torch's clipping, by hand."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from trip_jax import optimizers
-from trip_jax.optimizers import make_optimizer
+from trip_jax.training import optimizers
+from trip_jax.training.optimizers import make_optimizer
 
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-6
 

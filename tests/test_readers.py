@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from trip_jax import schema
+from trip_jax.data import schema
 from trip_jax.data import readers
 from trip_jax.data.readers import TripDataError, TripDataWarning
 

@@ -20,7 +20,7 @@ from trip_jax.data import features, layouts, readers
 from trip_jax.data.batching import BatchPlan
 from trip_jax.data.layouts import packing
 from trip_jax.data.tokenizers import load_tokenizer
-from trip_jax.losses import LossConfig, tiered_loss
+from trip_jax.training.losses import LossConfig, tiered_loss
 from trip_jax.models.cells import cell_view
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 

@@ -7,7 +7,9 @@ import json
 
 import numpy as np
 
-from trip_jax import metrics, paths, reports, schema
+from trip_jax.data import schema
+from trip_jax.evaluation import metrics, reports
+from trip_jax.runtime import paths
 
 E, S, A = 2, 4, schema.NUM_ATTRIBUTES
 

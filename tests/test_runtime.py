@@ -1,10 +1,10 @@
-"""Process-wide JAX settings from the config (trip_jax.runtime)."""
+"""Process-wide JAX settings from the config (trip_jax.runtime.jax_setup)."""
 
 import jax
 import pytest
 from ml_collections import ConfigDict
 
-from trip_jax import runtime
+from trip_jax.runtime import jax_setup
 
 
 @pytest.fixture
@@ -23,18 +23,18 @@ def _config(prng_impl="threefry2x32", cache=""):
 
 
 def test_defaults_leave_jax_as_it_is(restore_jax_config):
-    runtime.configure_jax(_config())
+    jax_setup.configure_jax(_config())
     assert jax.config.jax_default_prng_impl == "threefry2x32"
     assert not jax.config.jax_compilation_cache_dir
     assert jax.random.key_data(jax.random.key(0)).shape == (2,)
 
 
 def test_rbg_keys_and_cache_directory(restore_jax_config, tmp_path):
-    runtime.configure_jax(_config("rbg", str(tmp_path / "cache")))
+    jax_setup.configure_jax(_config("rbg", str(tmp_path / "cache")))
     assert jax.random.key_data(jax.random.key(0)).shape == (4,)  # rbg keys are 4 words
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
 
 
 def test_unknown_prng_impl_is_an_error(restore_jax_config):
     with pytest.raises(ValueError, match="unknown PRNG implementation 'philox'"):
-        runtime.configure_jax(_config("philox"))
+        jax_setup.configure_jax(_config("philox"))

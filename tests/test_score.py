@@ -15,9 +15,11 @@ import warnings
 import numpy as np
 import pytest
 
-from trip_jax import metrics, schema, score
-from trip_jax import prediction_formats as formats
-from trip_jax import prediction_matching as matching
+from trip_jax import score
+from trip_jax.data import schema
+from trip_jax.evaluation import metrics
+from trip_jax.evaluation import prediction_formats as formats
+from trip_jax.evaluation import prediction_matching as matching
 from trip_jax.data import readers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
-from trip_jax import sharding
+from trip_jax.runtime import sharding
 
 STEPS = 3
 # XLA:CPU's LLVM optimisations dominate the compile time of these few-step programs; the check
@@ -56,7 +56,10 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     import jax
 
     from configs import tiny
-    from trip_jax import builders, checkpoints, evaluate, input_pipeline, losses, optimizers
+    from trip_jax.data import input_pipeline
+    from trip_jax.evaluation import evaluate
+    from trip_jax.models import builders
+    from trip_jax.training import checkpoints, losses, optimizers
     from trip_jax.training import state as train_state, step as train_step
     from trip_jax.data import layouts
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import transformers
 
-from trip_jax import schema
+from trip_jax.data import schema
 from trip_jax.data import features, layouts
 from trip_jax.data.batching import BatchPlan
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
-from trip_jax.losses import LossConfig, tiered_loss
+from trip_jax.training.losses import LossConfig, tiered_loss
 from trip_jax.models.tiered import (NEG_LOGIT, StateHeads, TieredConfig, TieredModel,
                                     binary_attributes, build_tiered_model, class_mask,
                                     real_logit_columns, transition_features)

@@ -16,8 +16,12 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from trip_jax import (builders, checkpoints, evaluate, input_pipeline, optimizers, runtime,
-                      sharding, train)
+from trip_jax import train
+from trip_jax.data import input_pipeline
+from trip_jax.evaluation import evaluate
+from trip_jax.models import builders
+from trip_jax.runtime import jax_setup, sharding
+from trip_jax.training import checkpoints, optimizers
 from trip_jax.training.state import create_train_state, init_params_from
 
 KILL_AFTER_STEP = 2  # mid-epoch: the tiny config has 4 steps per epoch
@@ -224,11 +228,11 @@ def test_speed_options_train(tiny_config, tmp_path):
     batch = next(input_pipeline.batch_stream(data.train, data.layout, 2, shuffle=True,
                                              seed=config.train.seed, epoch=0))
     assert batch["input_ids"].shape[1] == 32
-    runtime.set_prng_impl("rbg")
+    jax_setup.set_prng_impl("rbg")
     try:
         result = train.train_and_evaluate(config, str(tmp_path))
     finally:
-        runtime.set_prng_impl("threefry2x32")
+        jax_setup.set_prng_impl("threefry2x32")
     log = read_log(tmp_path)
     assert [r["step"] for r in log if r["split"] == "train"] == [2, 4]
     assert all(np.isfinite(r["loss/total"]) for r in log if r["split"] == "train")

@@ -1,4 +1,4 @@
-"""The workdir lock (trip_jax/workdir_lock.py) on a local file system; gs:// in test_workdirs."""
+"""The workdir lock (trip_jax/runtime/workdir_lock.py) on a local file system; gs:// in test_workdirs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trip_jax import workdir_lock
+from trip_jax.runtime import workdir_lock
 
 KILL_HOLDING_THE_LOCK = (
     "import os, signal, sys\n"

@@ -22,9 +22,12 @@ from etils import epath
 from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
-from trip_jax import (builders, checkpoints, metrics, paths, predict, reports, schema,
-                      workdir_lock)
-from trip_jax.metric_log import MetricLog
+from trip_jax.data import schema
+from trip_jax.evaluation import metrics, predict, reports
+from trip_jax.models import builders
+from trip_jax.runtime import paths, workdir_lock
+from trip_jax.training import checkpoints
+from trip_jax.training.metric_log import MetricLog
 from trip_jax.data.tokenizers import build_word_level_tokenizer, load_tokenizer, tokenizer_info
 
 BUCKET = "gs://bucket"

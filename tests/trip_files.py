@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
-from trip_jax import schema
+from trip_jax.data import schema
 
 SENTENCES = ["John took the ball.", "John threw the ball.", "John caught the ball."]
 ENTITIES = ["John", "ball"]

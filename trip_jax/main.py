@@ -3,15 +3,15 @@
 ``--mode=train`` (default) trains, or resumes, in the workdir and then scores the best
 checkpoints on test. Config keys are overridden with ``--config.SECTION.KEY=VALUE``; a misspelt
 key is an error. Multi-process runs (SLURM, Cloud TPU, explicit TRIP_* variables) are joined
-first (``trip_jax.distributed``). Other modes, on a trained workdir:
+first (``trip_jax.runtime.distributed``). Other modes, on a trained workdir:
 
 - ``--mode=evaluate [--checkpoint=selected|best_accuracy|latest|STEP] [--split=test]``:
   scores a checkpoint (with a progress bar), writes ``DIR/eval/SPLIT.KIND-STEP.*``
-  (``trip_jax.evaluate``);
+  (``trip_jax.evaluation.evaluate``);
 - ``--mode=predict --input=FILE [--output=FILE] [--checkpoint=...]``: explains new story pairs
-  (``trip_jax.predict``);
+  (``trip_jax.evaluation.predict``);
 - ``--mode=random_baseline [--split=test]``: prints the random baseline's mean ± std over its
-  seeds and writes ``DIR/eval/random_baseline.SPLIT.*`` (``trip_jax.random_baseline``).
+  seeds and writes ``DIR/eval/random_baseline.SPLIT.*`` (``trip_jax.evaluation.random_baseline``).
 
 A bad command line (unknown flag or config key, a value of the wrong type, outside its choices
 or its range (``trip_jax.config.checks``, read off the schema ``trip_jax.config.sections``),
@@ -40,8 +40,11 @@ from absl import app, flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from trip_jax import (checkpoints, cli, distributed, evaluate, input_pipeline, predict,
-                      random_baseline, runtime, sharding, train, workdir_lock)
+from trip_jax import cli, train
+from trip_jax.data import input_pipeline
+from trip_jax.evaluation import evaluate, predict, random_baseline
+from trip_jax.runtime import distributed, jax_setup, sharding, workdir_lock
+from trip_jax.training import checkpoints
 from trip_jax.config import checks
 from trip_jax.data import layouts, readers
 from trip_jax.data.entities import SpacyModelError
@@ -223,7 +226,7 @@ def main(argv) -> None:
     if FLAGS.show_config and jax.process_index() == 0:
         print(FLAGS.config, flush=True)
     try:
-        runtime.configure_jax(FLAGS.config)
+        jax_setup.configure_jax(FLAGS.config)
         MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)

@@ -2,8 +2,8 @@
 
 ``python -m trip_jax.score --predictions=FILE --out=DIR [--format=auto|authors|trip_jax|minimal]
 [--data_dir=DIR | --data_file=FILE] [--split=test] [--scheme=paper] [--missing=error|wrong]
-[--name=ROW]`` reads the entries (``trip_jax.prediction_formats``), matches each to a pair of the
-split (``trip_jax.prediction_matching``: by pair id in any form, else by the stories' text; gold
+[--name=ROW]`` reads the entries (``trip_jax.evaluation.prediction_formats``), matches each to a pair of the
+split (``trip_jax.evaluation.prediction_matching``: by pair id in any form, else by the stories' text; gold
 labels from the data), scores them with ``metrics.scored_pairs`` and writes what
 ``--mode=evaluate`` writes (``reports.write_report``, with the random baseline of the same pairs
 and the curated / implicit tiers); it prints the three tiers in percent and the pair count.
@@ -32,12 +32,14 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from trip_jax import curated, explain, metrics, paths, random_baseline, reports, schema
-from trip_jax import prediction_formats as formats
-from trip_jax import prediction_matching as matching
+from trip_jax.data import curated, schema
+from trip_jax.evaluation import explain, metrics, random_baseline, reports
+from trip_jax.runtime import paths
+from trip_jax.evaluation import prediction_formats as formats
+from trip_jax.evaluation import prediction_matching as matching
 from trip_jax.data import readers
 from trip_jax.data.types import StoryPair
-from trip_jax.prediction_formats import Problem
+from trip_jax.evaluation.prediction_formats import Problem
 
 SCHEMES: tuple[str, ...] = ("paper",)
 MISSING: tuple[str, ...] = ("error", "wrong")
@@ -50,7 +52,7 @@ NOT_APPLICABLE: dict[str, str] = {
     "conflict_f1": "needs a conflict belief for every (entity, sentence); a predictions file "
                    "names sentences only",
     "conflict_f1_positive": "as conflict_f1",
-    "decodings": "the decodings side by side (trip_jax/decoding.py) need the model's logits; a "
+    "decodings": "the decodings side by side (trip_jax/evaluation/decoding.py) need the model's logits; a "
                  "predictions file holds one set of answers",
 }
 
@@ -210,7 +212,7 @@ def score_predictions(text: str, pairs: Sequence[StoryPair], format: str = "auto
     found = matching.disagreements(matched, pairs, outcomes)
     how = collections.Counter(m.how for m in matched)
     notes = [f"predictions read from a file ({format} format) and scored with the paper's "
-             f"metrics (scheme {scheme}, trip_jax/metrics.py); gold labels from the data files "
+             f"metrics (scheme {scheme}, trip_jax/evaluation/metrics.py); gold labels from the data files "
              "above",
              f"{len(matched)} pairs matched: {how['id']} by id, {how['text']} by the stories' "
              f"text; {sum(m.swapped for m in matched)} given with the stories in the other order"]

@@ -4,13 +4,13 @@
 selection pairs after every epoch (and every ``eval_every_steps``) with ``evaluate.Evaluator``,
 keeps the latest and the best checkpoints, then scores the selected and best-accuracy
 checkpoints on test and writes the reports (``evaluate.write_checkpoint_report``). Data comes from
-``trip_jax.input_pipeline``; the optimizer, state shardings and jitted steps from
+``trip_jax.data.input_pipeline``; the optimizer, state shardings and jitted steps from
 ``trip_jax.training.step.build_trainer``. Re-running the same command resumes from the latest
 checkpoint and reaches the same parameters as an uninterrupted run: the data order depends only on
 (seed, epoch) and the dropout key only on (seed, step).
 
-Outputs in the workdir: ``metrics.jsonl`` and ``tensorboard/`` (``trip_jax.metric_log``),
-``checkpoints/`` (``trip_jax.checkpoints``), ``reports/`` (``trip_jax.evaluate``).
+Outputs in the workdir: ``metrics.jsonl`` and ``tensorboard/`` (``trip_jax.training.metric_log``),
+``checkpoints/`` (``trip_jax.training.checkpoints``), ``reports/`` (``trip_jax.evaluation.evaluate``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import (builders, checkpoints, decoding, evaluate, input_pipeline, selection,
-                      sharding, workdir_lock)
-from trip_jax.input_pipeline import RunData
-from trip_jax.metric_log import MetricLog
+from trip_jax.data import input_pipeline
+from trip_jax.evaluation import decoding, evaluate
+from trip_jax.models import builders
+from trip_jax.runtime import sharding, workdir_lock
+from trip_jax.training import checkpoints, selection
+from trip_jax.data.input_pipeline import RunData
+from trip_jax.training.metric_log import MetricLog
 from trip_jax.training.state import TrainState, init_params_from
 from trip_jax.training.step import Trainer, build_trainer
 
@@ -102,7 +105,7 @@ class RunSetup:
         return self.steps_per_epoch * self.config.train.num_epochs
 
     def meta(self, step: int, scores=None) -> dict:
-        """A checkpoint's metadata (``trip_jax.checkpoints``)."""
+        """A checkpoint's metadata (``trip_jax.training.checkpoints``)."""
         splits = self.data.splits
         return {"step": step, "epoch": step / self.steps_per_epoch, "protocol": splits.protocol,
                 "selection_split": splits.selection_name, "metrics": dict(scores or {}),
@@ -121,7 +124,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """Trains (or resumes) in ``workdir``, then scores the best checkpoints on test.
 
     Returns the test metrics of the selected checkpoint. The run holds the workdir's
-    lock (``trip_jax.workdir_lock``) from before it writes anything: WorkdirLocked, with the
+    lock (``trip_jax.runtime.workdir_lock``) from before it writes anything: WorkdirLocked, with the
     workdir untouched, when another run holds it.
     """
     started = time.time()

@@ -17,7 +17,7 @@ import dataclasses
 import typing
 from typing import Any, Literal
 
-from trip_jax import schema
+from trip_jax.data import schema
 from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_INT, REGEX, Rule,
                                     Section, above, interval, keys, option)
 
@@ -43,7 +43,7 @@ Selection = Literal["verifiability", "smoothed"]
 PrngImpl = Literal["threefry2x32", "rbg", "unsafe_rbg"]
 DecodingMethod = Literal["reference", "coherent"]
 
-# The checkpoint names of a workdir (trip_jax/checkpoints.py NAMES: best_verifiability is the
+# The checkpoint names of a workdir (trip_jax/training/checkpoints.py NAMES: best_verifiability is the
 # old name of selected) or a step number.
 CHECKPOINT_KINDS = ("latest", "selected", "best_accuracy", "best_verifiability")
 CHECKPOINT = Rule(lambda v: isinstance(v, str) and (v in CHECKPOINT_KINDS or v.isdigit()),
@@ -120,7 +120,7 @@ class TieredConfig(Section):
 
     The detector width d_model is ``embedding_projection + state_projection`` and
     ``detector_heads`` divides it. ``max_sentences`` (from ``data.max_sentences``) and
-    ``num_classes`` (``trip_jax.schema``) are filled in by the code, not config keys.
+    ``num_classes`` (``trip_jax.data.schema``) are filled in by the code, not config keys.
     """
 
     SECTION = "model.tiered"
@@ -203,7 +203,7 @@ class ModelConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class LossConfig(Section):
     """Loss weights (λp, λf, λc, λs) and the padding switch (``config.loss``;
-    trip_jax/losses.py); the default weights are the paper's best loss preset, omit_story."""
+    trip_jax/training/losses.py); the default weights are the paper's best loss preset, omit_story."""
 
     SECTION = "loss"
     pre_weight: float = option(0.4, "λp, precondition states", NON_NEGATIVE)
@@ -266,7 +266,7 @@ class TrainConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig(Section):
     """How predictions are read from the model's outputs (``config.decoding``;
-    trip_jax/decoding.py); every option but ``method`` applies to coherent decoding."""
+    trip_jax/evaluation/decoding.py); every option but ``method`` applies to coherent decoding."""
 
     SECTION = "decoding"
     method: DecodingMethod = option(

@@ -123,7 +123,7 @@ def extract_entities(sentences: Iterable[str], nlp) -> list[str]:
 
 def human_entities(story: Story) -> set[str]:
     """Annotated humans of a story: entities with a non-zero label on a human attribute."""
-    from trip_jax import schema
+    from trip_jax.data import schema
 
     human = (story.states[..., :len(schema.HUMAN_ATTRIBUTES)] != 0).any(axis=(1, 2, 3))
     return {name for name, h in zip(story.entities, human) if h}

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from trip_jax import schema
+from trip_jax.data import schema
 from trip_jax.data.labels import conflict_labels
 from trip_jax.data.tokenizers import tokenizer_info
 from trip_jax.data.types import Story, StoryPair

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax import schema
+from trip_jax.data import schema
 from trip_jax.data.types import Story, StoryPair, empty_states
 
 FORMATS: tuple[str, ...] = ("cgli", "har", "release")

@@ -26,7 +26,7 @@ import logging
 import numpy as np
 import tensorflow_datasets as tfds
 
-from trip_jax import schema
+from trip_jax.data import schema
 from trip_jax.data import readers
 from trip_jax.data.types import Story, StoryPair
 

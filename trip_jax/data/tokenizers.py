@@ -29,7 +29,7 @@ from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from trip_jax import paths
+from trip_jax.runtime import paths
 
 WORD_LEVEL_PREFIX = "word_level:"
 STYLES: tuple[str, ...] = ("bert", "roberta")

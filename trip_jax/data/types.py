@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from trip_jax import schema
+from trip_jax.data import schema
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -1,7 +1,7 @@
 """The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
 
 ``TieredModel(encoder, config)`` maps the batch contract's input arrays to its model outputs
-(``trip_jax.batch_contract``; shapes in ``TieredModel.__call__``). Every architecture number is
+(``trip_jax.data.batch_contract``; shapes in ``TieredModel.__call__``). Every architecture number is
 a ``TieredConfig`` field whose default is the reference's. The steps and their formulas:
 docs/reference.md, "Model"; the exact mode: docs/exact-mode.md.
 """
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from trip_jax import batch_contract, schema
+from trip_jax.data import batch_contract, schema
 from trip_jax.config.sections import (Activation, Cells, PaddingRowAttention, PaddingRows,
                                       StoryScore, TieredConfig, choices_of)
 from trip_jax.models import exact_mode

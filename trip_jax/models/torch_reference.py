@@ -37,7 +37,7 @@ import torch
 import transformers
 from torch import nn
 
-from trip_jax import schema
+from trip_jax.data import schema
 
 LEGACY_MASK_BIAS = -10000.0  # transformers 4.11's additive bias of masked keys
 

@@ -1,7 +1,7 @@
 """The train state: its type, its shapes and shardings, and where its parameters come from.
 
 ``create_train_state`` initialises (step 0, fresh or pretrained encoder parameters, the
-optimizer's state) directly in the shardings of ``trip_jax.sharding.tree_shardings``;
+optimizer's state) directly in the shardings of ``trip_jax.runtime.sharding.tree_shardings``;
 ``init_params_from`` takes parameters from another run's checkpoint (``train.init_from``).
 """
 
@@ -19,7 +19,9 @@ import numpy as np
 import optax
 from absl import logging
 
-from trip_jax import builders, checkpoints, sharding
+from trip_jax.models import builders
+from trip_jax.runtime import sharding
+from trip_jax.training import checkpoints
 
 
 @flax.struct.dataclass

@@ -1,7 +1,7 @@
 """The jitted train and eval steps and the ``Trainer`` that assembles a model's training pieces.
 
 ``build_trainer`` is the one place that turns a config and a model into the optimizer
-(``trip_jax.optimizers.make_optimizer``), the train state's shardings and the jitted train and
+(``trip_jax.training.optimizers.make_optimizer``), the train state's shardings and the jitted train and
 eval steps; training (``trip_jax.train``) and the benchmarks both use it.
 """
 
@@ -16,7 +16,9 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from trip_jax import batch_contract, losses, optimizers, sharding
+from trip_jax.data import batch_contract
+from trip_jax.runtime import sharding
+from trip_jax.training import losses, optimizers
 from trip_jax.training.state import TrainState, abstract_train_state, create_train_state
 
 

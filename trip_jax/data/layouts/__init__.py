@@ -8,7 +8,7 @@ batches (``base.Layout``); nothing outside this package tests a layout's name.
 
 from __future__ import annotations
 
-from trip_jax.batch_contract import Field
+from trip_jax.data.batch_contract import Field
 from trip_jax.data.layouts.base import ENTITY_PADDINGS, Layout
 from trip_jax.data.layouts.dense import Dense
 from trip_jax.data.layouts.packed_tokens import PackedTokens

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from trip_jax import batch_contract
-from trip_jax.batch_contract import Field
+from trip_jax.data import batch_contract
+from trip_jax.data.batch_contract import Field
 from trip_jax.data import features
 from trip_jax.data.batching import BatchPlan, Epoch
 from trip_jax.data.features import EncodedPair
@@ -67,7 +67,7 @@ class Layout:
 
     def for_splits(self, splits) -> "Layout":
         """This layout with E fixed to the largest entity count of the protocol's three splits
-        (``splits``: a ``trip_jax.protocol.ProtocolSplits``) when ``entity_padding`` is
+        (``splits``: a ``trip_jax.data.protocol.ProtocolSplits``) when ``entity_padding`` is
         "data_max" or the layout ``fixes_entities`` (so training, selection and test, and every
         process, pad alike); unchanged otherwise."""
         if self.entity_padding == "bucket" and not self.fixes_entities:

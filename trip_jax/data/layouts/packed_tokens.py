@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from trip_jax.batch_contract import BatchContractError, Field
+from trip_jax.data.batch_contract import BatchContractError, Field
 from trip_jax.data import features
 from trip_jax.data.batching import BatchPlan, Epoch
 from trip_jax.data.features import EncodedPair

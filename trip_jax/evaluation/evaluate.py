@@ -11,7 +11,7 @@ from the workdir alone (``checkpoints.restore_for_eval``), scores ``split`` of t
 ``config.data`` describes (its model must be the checkpoint's, else ``CheckpointError``) and
 writes ``write_checkpoint_report``'s files as ``WORKDIR/eval/SPLIT.KIND-STEP.*`` (e.g.
 ``test.selected-1016.json``: two checkpoints never overwrite each other): the report set of
-``trip_jax.reports.write_report`` with per-pair outcomes and explanations. Training's final test
+``trip_jax.evaluation.reports.write_report`` with per-pair outcomes and explanations. Training's final test
 reports come from the same function. ``random_baseline_report(config, workdir, split)``
 (``--mode=random_baseline``) writes ``WORKDIR/eval/random_baseline.SPLIT.*``; no checkpoint.
 """
@@ -30,8 +30,10 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from trip_jax import (batch_contract, checkpoints, curated, decoding, explain, input_pipeline,
-                      losses, metrics, protocol, random_baseline, reports, sharding)
+from trip_jax.data import batch_contract, curated, input_pipeline, protocol
+from trip_jax.evaluation import decoding, explain, metrics, random_baseline, reports
+from trip_jax.runtime import sharding
+from trip_jax.training import checkpoints, losses
 from trip_jax.data import layouts
 from trip_jax.training import step as training_step
 from trip_jax.data.features import EncodedPair

@@ -1,11 +1,11 @@
 """From data files to batches: protocol splits, tokenizer, encoding and batch streams.
 
-Everything that turns TRIP files into the batch contract's arrays (``trip_jax.batch_contract``)
+Everything that turns TRIP files into the batch contract's arrays (``trip_jax.data.batch_contract``)
 goes through here, for training, evaluation, prediction and the benchmarks alike:
 
 - ``layouts.from_config(config.data)`` (``trip_jax.data.layouts``): how pairs are encoded and
   laid out, one object passed around;
-- ``prepare_data(config)``: the protocol's splits (``trip_jax.protocol``), the config's tokenizer
+- ``prepare_data(config)``: the protocol's splits (``trip_jax.data.protocol``), the config's tokenizer
   and every pair encoded (``RunData``);
 - ``encode(pairs, tokenizer, layout)``: typed pairs to unpadded token rows;
 - ``batch_stream(encoded, layout, batch_size, ...)``: this process's batches of one epoch, in the
@@ -23,7 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from trip_jax import batch_contract, paths, protocol, sharding
+from trip_jax.data import batch_contract, protocol
+from trip_jax.runtime import paths, sharding
 from trip_jax.data import batching, features, layouts, tokenizers
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.layouts import Layout

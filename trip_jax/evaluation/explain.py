@@ -14,7 +14,7 @@ Rules (sentence indices are 0-based in the dict, 1-based in the text, as the pap
   says whether both beliefs reach 0.5;
 - the states behind it are the nontrivial predictions (non-zero and not the attribute's default)
   of every entity's effects at i and preconditions at j, the ones the verifiability metric checks;
-- with coherent decoding (``trip_jax.decoding``) the explanation also names the *backing*
+- with coherent decoding (``trip_jax.evaluation.decoding``) the explanation also names the *backing*
   contradiction: the entity, the attribute and the two predicted states (an effect at i, a
   precondition at j) that the conflict was decoded from; both are among the states above.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax import schema
+from trip_jax.data import schema
 
 THRESHOLD = 0.5
 

@@ -16,7 +16,7 @@ one past its end (``B*2*E*S``). The model reads the encoder's output at ``row_st
 token index into the ``[N, L]`` sequences) as the row's embedding. ``INDEX_SPACES`` names the
 index arrays and what they index, so that ``input_pipeline.global_batch`` can move them to the
 global batch without knowing the layout. Producers: the layouts (through ``data.batching`` and
-``trip_jax.input_pipeline``) and ``builders.example_batch``; consumers: the model, the losses,
+``trip_jax.data.input_pipeline``) and ``builders.example_batch``; consumers: the model, the losses,
 the train and eval steps, the evaluator. ``check_batch`` and ``check_outputs`` check an
 instance (tests call them on every producer). docs/reference.md, "Batch contract".
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax import schema
+from trip_jax.data import schema
 
 @dataclasses.dataclass(frozen=True)
 class Field:

@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from trip_jax import schema
+from trip_jax.data import schema
 
 FORMATS: tuple[str, ...] = ("authors", "trip_jax", "minimal")
 SIDES: tuple[str, ...] = ("precondition", "effect")

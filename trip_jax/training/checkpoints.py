@@ -5,11 +5,11 @@ A workdir holds:
   config.json, encoder_config.json, tokenizer/   the run, so evaluation needs no data or code
   checkpoints/latest/STEP/          params + opt_state + meta: the last few, for resuming
   checkpoints/selected/STEP/        params + meta: the checkpoint the selection rule chose
-                                    (highest ``selection_score``, trip_jax/selection.py)
+                                    (highest ``selection_score``, trip_jax/training/selection.py)
   checkpoints/best_accuracy/STEP/   params + meta: best selection accuracy
 
 ``meta`` (JSON): step, epoch, selection metrics, protocol, config, encoder config and
-``meta["checksums"]`` (``trip_jax.checksums``: every array by tree path, and the rest of meta).
+``meta["checksums"]`` (``trip_jax.training.checksums``: every array by tree path, and the rest of meta).
 Best checkpoints rank by the tuple ``RANKING[kind]`` and are written only when strictly better.
 Guarantees: readers see only completed steps (orbax renames a step when complete); restoring
 verifies the checksums first (``DamagedCheckpointError`` names the step, the array and both
@@ -36,7 +36,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from trip_jax import builders, checksums, paths, sharding
+from trip_jax.models import builders
+from trip_jax.runtime import paths, sharding
+from trip_jax.training import checksums
 from trip_jax.config import migrate
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
 
@@ -44,7 +46,7 @@ LATEST = "latest"
 SELECTED = "selected"
 BEST_ACCURACY = "best_accuracy"
 RANKING: dict[str, tuple[str, ...]] = {
-    # The selected checkpoint: the best selection score (trip_jax/selection.py), then the tiers.
+    # The selected checkpoint: the best selection score (trip_jax/training/selection.py), then the tiers.
     SELECTED: ("selection_score", "verifiability", "consistency", "accuracy"),
     BEST_ACCURACY: ("accuracy", "consistency", "verifiability"),
 }

@@ -10,9 +10,9 @@ Sampling, per pair and seed, scheme ``"tiered"`` (the default):
 
 Scheme ``"reference"`` (the authors' notebook): story and states as above; conflicts: for every
 real entity of the *gold* implausible story, two distinct uniform sentences. Both schemes are
-scored by ``trip_jax.metrics.tiered_metrics`` only (docs/reference.md, "Metrics"; the measured
+scored by ``trip_jax.evaluation.metrics.tiered_metrics`` only (docs/reference.md, "Metrics"; the measured
 scores and the paper's: docs/results.md). ``--mode=random_baseline``
-(``trip_jax.evaluate.random_baseline_report``) prints ``summary`` and writes the report.
+(``trip_jax.evaluation.evaluate.random_baseline_report``) prints ``summary`` and writes the report.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax import metrics, schema
+from trip_jax.data import schema
+from trip_jax.evaluation import metrics
 from trip_jax.data.labels import conflict_labels
 from trip_jax.data.types import StoryPair
 

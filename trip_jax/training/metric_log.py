@@ -13,7 +13,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from trip_jax import paths
+from trip_jax.runtime import paths
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"

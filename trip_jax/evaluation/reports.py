@@ -1,10 +1,10 @@
 """Evaluation reports: metrics as JSON and Markdown tables, plots, predictions, data-file hashes.
 
 ``write_report(out_dir, split, metrics, metadata, records)`` writes, for a metrics dict from
-``trip_jax.metrics.tiered_metrics``:
+``trip_jax.evaluation.metrics.tiered_metrics``:
 
 - ``SPLIT.json``: the metadata (checkpoint step, protocol, data-file hashes, ...) and all metrics,
-  and with ``by_marker`` (``trip_jax.curated.marker_split``) the tiers of the curated and the
+  and with ``by_marker`` (``trip_jax.data.curated.marker_split``) the tiers of the curated and the
   implicit pairs;
 - ``SPLIT.md``: tables laid out like the paper's Tables 2-3 (accuracy / consistency /
   verifiability), the curated / implicit split when given ("marker not found" without a marker
@@ -32,8 +32,8 @@ from etils import epath
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from trip_jax import schema
-from trip_jax.paths import to_jsonable, write_atomic
+from trip_jax.data import schema
+from trip_jax.runtime.paths import to_jsonable, write_atomic
 
 RIGHT, WRONG = "#4c9a5b", "#c8553d"
 
@@ -62,7 +62,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     ``checkpoint_step``, ``checkpoint``, ``protocol``, ``data_files`` ({path: sha256}),
     ``notes`` (lines listed under "Notes", e.g. what a scored file could not give).
     ``baselines`` ({row name: metrics-like dict}) adds comparison rows, e.g. the random baseline;
-    ``by_marker`` (``trip_jax.curated.marker_split``) the curated / implicit table.
+    ``by_marker`` (``trip_jax.data.curated.marker_split``) the curated / implicit table.
     """
     name = str(metadata.get("model", "model"))
     rows = {**(baselines or {}), name: metrics}
@@ -110,7 +110,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
 
 
 def _decoding_table(metrics: Mapping[str, Any]) -> list[str]:
-    """The tiers of every decoding of the same outputs (trip_jax/decoding.py), side by side."""
+    """The tiers of every decoding of the same outputs (trip_jax/evaluation/decoding.py), side by side."""
     methods = [key.split("/")[0] for key in metrics if key.endswith("/accuracy")]
     if not methods:
         return []

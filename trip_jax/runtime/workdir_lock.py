@@ -32,7 +32,7 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from trip_jax import paths
+from trip_jax.runtime import paths
 
 LOCK_FILE = "LOCK"
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax import batch_contract, schema
+from trip_jax.data import batch_contract, schema
 from trip_jax.config.sections import DecodingConfig, DecodingMethod, choices_of
 
 DECODINGS: tuple[str, ...] = choices_of(DecodingMethod)  # decoding.method

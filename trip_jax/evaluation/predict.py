@@ -15,7 +15,7 @@ pair, the physical states behind it in words: ``explain.explanation_text``) and 
 JSON object a line (``explain.explain_pair`` plus ``line``, ``id``, ``stories``, ``entities``,
 ``entity_source``, ``story_scores``, ``decoding``) to ``--output`` (default
 ``WORKDIR/predict/<stem>.jsonl``). The answer is decoded as ``config.decoding`` says
-(``trip_jax.decoding``); with coherent decoding it also names the backing contradiction: the
+(``trip_jax.evaluation.decoding``); with coherent decoding it also names the backing contradiction: the
 entity, attribute and the two predicted states the conflict was decoded from.
 A line that cannot be answered (bad JSON, a missing or malformed field, a story longer than the
 model's ``max_sentences``, no entities) is reported on stderr with its number, written as
@@ -36,7 +36,9 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from trip_jax import checkpoints, decoding, evaluate, explain, input_pipeline, reports
+from trip_jax.data import input_pipeline
+from trip_jax.evaluation import decoding, evaluate, explain, reports
+from trip_jax.training import checkpoints
 from trip_jax.data import entities as entity_lib
 from trip_jax.data import layouts
 from trip_jax.data.types import Story, StoryPair, empty_states

@@ -1,6 +1,6 @@
 """The spread of a recipe over runs: mean and min-max of the test scores of several workdirs.
 
-``python -m trip_jax.run_summary RUN_DIR [RUN_DIR ...] [--out=DIR]`` reads each run's
+``python -m trip_jax.evaluation.run_summary RUN_DIR [RUN_DIR ...] [--out=DIR]`` reads each run's
 ``reports/test.json`` (the selected checkpoint's test report, written at the end of training)
 and ``metrics.jsonl`` (its held-out evaluations and wall time), and writes ``DIR/summary.md`` and
 ``DIR/summary.json`` (default DIR: the runs' common parent): one row per run, then the mean and
@@ -9,7 +9,7 @@ its ``wall_time`` records (one per training process; setup, compilation and test
 included). Nothing is computed from
 anything but those files, so a summary can be re-derived from what ``results/`` keeps.
 
-The tiers of the curated and the implicit pairs (``trip_jax.curated``) come from each report's
+The tiers of the curated and the implicit pairs (``trip_jax.data.curated``) come from each report's
 "by_marker"; a report written before it existed is split from its ``test.predictions.jsonl``
 with the marker of ``--data_dir`` (default ``$TRIP_DATA_DIR``), and without a marker the
 summary says "marker not found".
@@ -26,10 +26,11 @@ from typing import Any
 
 from etils import epath
 
-from trip_jax import curated, paths
+from trip_jax.data import curated
+from trip_jax.runtime import paths
 from trip_jax.config import migrate
 from trip_jax.data import readers
-from trip_jax.metrics import TIER_METRICS
+from trip_jax.evaluation.metrics import TIER_METRICS
 
 STATE_F1: tuple[str, ...] = ("precondition_f1", "effect_f1")
 
@@ -166,7 +167,7 @@ def _marker_lines(summary: dict[str, Any]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry (module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m trip_jax.run_summary",
+    parser = argparse.ArgumentParser(prog="python -m trip_jax.evaluation.run_summary",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="finished training workdirs")
     parser.add_argument("--out", help="where summary.md and summary.json go "

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax import schema
+from trip_jax.data import schema
 
 THRESHOLD = 0.5
 # The three tiers, in the paper's order (reported per decoding and summarised over runs).

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import transformers
 
-from trip_jax import batch_contract
+from trip_jax.data import batch_contract
 from trip_jax.data.layouts import dense
 from trip_jax.data.tokenizers import tokenizer_info, tokenizer_spec
 from trip_jax.models.tiered import TieredConfig, TieredModel, build_tiered_model

@@ -1,0 +1,1 @@
+"""Evaluation: evaluator, decoding, metrics, reports, explanations, predict."""

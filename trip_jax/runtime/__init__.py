@@ -1,0 +1,1 @@
+"""Runtime: process-wide JAX settings, processes, meshes, paths, the workdir lock."""
