@@ -227,15 +227,19 @@ class TieredModel(nn.Module):
             transitions = jax.lax.stop_gradient(transition_features(
                 cells.tracks(pre_logits), cells.tracks(eff_logits), cells.track_mask,
                 binary_attributes(cfg.num_classes)))
+        # Summed and joined per cell as [T*S, F] matrices (``_cells_of``), then per track.
+        embedded, projected = _cells_of(embedded), _cells_of(projected)
+        if cfg.state_transitions:
             projected = projected + nn.Dense(cfg.state_projection, name="transitions_proj")(
-                transitions)
+                _cells_of(transitions))
+        detector_input = jnp.concatenate([embedded, projected], axis=-1).reshape(
+            *cells.track_mask.shape, -1)
         conflict_logits = ConflictDetector(cfg, name="detector")(
-            jnp.concatenate([embedded, projected], axis=-1), cells.track_mask,
-            deterministic=deterministic)  # [T, S]
+            detector_input, cells.track_mask, deterministic=deterministic)  # [T, S]
         if cfg.state_transitions:
             direct = nn.Dense(1, name="transitions_out", kernel_init=nn.initializers.constant(
                 cfg.transitions_init_weight))
-            conflict_logits = conflict_logits + direct(transitions)[..., 0]
+            conflict_logits = conflict_logits + _per_cell(direct, transitions)[..., 0]
 
         # Story choice, from the beliefs on the grid.
         row_mask = cells.row_mask
@@ -277,6 +281,19 @@ class TieredModel(nn.Module):
         cfg = self.config
         return exact_mode.padding_row_vector(self.encoder, cfg.padding_row_length,
                                              cfg.padding_row_attention, deterministic)
+
+
+def _cells_of(values: jax.Array) -> jax.Array:
+    """[T, S, F] -> [T*S, F]. The detector's inputs are summed and joined in this shape, the one
+    the model's results were first computed with: XLA sums a gradient over [T*S] rows in
+    another order than over [T, S], which changes the trained weights' last bits."""
+    return values.reshape(-1, values.shape[-1])
+
+
+def _per_cell(layer, values: jax.Array) -> jax.Array:
+    """``layer`` on [T, S, F] track values as one [T*S, F] matrix (``_cells_of``), back to
+    [T, S, F']."""
+    return layer(_cells_of(values)).reshape(*values.shape[:-1], -1)
 
 
 def _masked_argmax(logits: jax.Array, row_mask: jax.Array) -> jax.Array:
