@@ -15,15 +15,18 @@ padded with zeros and reported in one ``TripDataWarning`` per file with the coun
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import warnings
 from typing import Any
 
 import numpy as np
 
 from trip_jax.data import schema
+from trip_jax.data.record_checks import (
+    breakpoint_conflicts, dense_states, fail, flag, integer, make_story, pair_from_stories,
+    pair_list, Report, required, strings, TripDataError)
+# Callers catch these as readers.TripDataError / readers.TripDataWarning.
+from trip_jax.data.record_checks import TripDataWarning  # noqa: F401
 from trip_jax.data.types import Story, StoryPair, empty_states
 
 FORMATS: tuple[str, ...] = ("cgli", "har", "release")
@@ -38,222 +41,27 @@ GET_DATA_HINT = (
     "https://github.com/sled-group/Verifiable-Coherent-NLU) and put it in the data directory, "
     "or provide per-split files named {split}.cgli.jsonl / {split}.har.jsonl.")
 
-_NUM_CLASSES = np.asarray(schema.NUM_CLASSES, dtype=np.int64)
-_SIDES = ("precondition", "effect")
-
-
-class TripDataError(ValueError):
-    """Bad TRIP input; the message names the file, the line or pair, and the field."""
-
-
-class TripDataWarning(UserWarning):
-    """TRIP data that was read but is incomplete (e.g. padded states)."""
-
-
-@dataclasses.dataclass
-class _Report:
-    """Collects repairs made while reading one file, reported once at the end."""
-
-    path: str
-    padded: list[str] = dataclasses.field(default_factory=list)
-    overwritten: list[str] = dataclasses.field(default_factory=list)
-    off_breakpoint: list[str] = dataclasses.field(default_factory=list)
-
-    def emit(self) -> None:
-        """Issues one warning per kind of repair, with counts and a few story ids."""
-        def few(ids: list[str]) -> str:
-            return ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
-
-        if self.padded:
-            warnings.warn(
-                f"{self.path}: {len(self.padded)} stories have states for fewer sentences than "
-                "they have; their missing sentences were padded with zero labels "
-                f"({few(self.padded)})",
-                TripDataWarning, stacklevel=3)
-        if self.overwritten:
-            warnings.warn(
-                f"{self.path}: {len(self.overwritten)} (entity, sentence, attribute) labels were "
-                f"given twice with different values; the last one was kept, as the authors' code "
-                f"does ({few(self.overwritten)})", TripDataWarning, stacklevel=3)
-        if self.off_breakpoint:
-            warnings.warn(
-                f"{self.path}: {len(self.off_breakpoint)} conflicting sentence pairs do not end "
-                "at their story's breakpoint; they are not part of the (evidence, breakpoint) "
-                f"conflict the model learns (docs/reference.md, 'Labels') "
-                f"({few(self.off_breakpoint)})",
-                TripDataWarning, stacklevel=3)
-
-
-def _fail(where: str, field: str, problem: str) -> TripDataError:
-    return TripDataError(f"{where}: field {field!r}: {problem}")
-
-
-def _get(record: Any, field: str, where: str) -> Any:
-    if not isinstance(record, dict):
-        raise _fail(where, field, f"expected a JSON object holding it, got {type(record).__name__}")
-    if field not in record:
-        raise _fail(where, field, f"missing (fields present: {sorted(record)})")
-    return record[field]
-
-
-def _int(value: Any, where: str, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, field, f"expected an integer, got {value!r}")
-    return value
-
-
-def _flag(value: Any, where: str, field: str) -> bool:
-    if isinstance(value, bool) or value in (0, 1):
-        return bool(value)
-    raise _fail(where, field, f"expected true/false or 1/0, got {value!r}")
-
-
-def _strings(value: Any, where: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail(where, field, "expected a list of strings")
-    if not value and not allow_empty:
-        raise _fail(where, field, "is empty")
-    return tuple(value)
-
-
-def _check_label_range(states: np.ndarray, entities: tuple[str, ...], where: str,
-                       field: str) -> None:
-    bad = np.argwhere((states < 0) | (states >= _NUM_CLASSES))
-    if len(bad):
-        e, s, side, a = bad[0]
-        n = _NUM_CLASSES[a]
-        raise _fail(where, field,
-                    f"entity {entities[e]!r} sentence {s} {_SIDES[side]} {schema.ATTRIBUTES[a]}: "
-                    f"label {states[e, s, side, a]} out of range 0..{n - 1}")
-
-
-def _dense_states(raw: Any, entities: tuple[str, ...], num_sentences: int, where: str,
-                  field: str, story_id: str, report: _Report) -> np.ndarray:
-    """Parses states laid out [entity][sentence][pre/effect][20] (CGLI and HAR)."""
-    if not isinstance(raw, list) or len(raw) != len(entities):
-        got = len(raw) if isinstance(raw, list) else type(raw).__name__
-        raise _fail(where, field, f"{got} entity tracks for {len(entities)} entities")
-    states = empty_states(len(entities), num_sentences)
-    padded = False
-    for e, track in enumerate(raw):
-        if track == []:  # an entity annotated in no sentence
-            track = np.zeros((0, 2, schema.NUM_ATTRIBUTES), dtype=np.int64)
-        try:
-            arr = np.asarray(track)
-        except ValueError as err:  # ragged nesting
-            raise _fail(where, field,
-                        f"entity {entities[e]!r}: not a [sentence][2][20] array ({err})")
-        if arr.ndim != 3 or arr.shape[1:] != (2, schema.NUM_ATTRIBUTES):
-            raise _fail(where, field, f"entity {entities[e]!r}: expected [sentence][2][20] labels, "
-                        f"got shape {arr.shape}")
-        if arr.dtype.kind not in "iu":
-            raise _fail(where, field, f"entity {entities[e]!r}: labels must be integers, "
-                        f"got {arr.dtype}")
-        if arr.shape[0] > num_sentences:
-            raise _fail(where, field, f"entity {entities[e]!r}: states for {arr.shape[0]} "
-                        f"sentences but the story has {num_sentences} sentences")
-        padded |= arr.shape[0] < num_sentences
-        checked = np.zeros((num_sentences, 2, schema.NUM_ATTRIBUTES), dtype=np.int64)
-        checked[:arr.shape[0]] = arr
-        _check_label_range(checked[None], (entities[e],), where, field)
-        states[e] = checked
-    if padded:
-        report.padded.append(story_id)
-    return states
-
-
-def _make_story(story_id: str, sentences: tuple[str, ...], entities: tuple[str, ...],
-                states: np.ndarray, plausible: bool,
-                conflict_pairs: tuple[tuple[int, int], ...], where: str,
-                conflict_field: str) -> Story:
-    """Builds a Story after checking its conflict against its plausibility."""
-    if plausible and conflict_pairs:
-        raise _fail(where, conflict_field,
-                    f"a plausible story lists conflicts {list(conflict_pairs)}")
-    story = Story(story_id=story_id, sentences=sentences, entities=entities, states=states,
-                  plausible=plausible, conflict_pairs=conflict_pairs)
-    if not plausible and story.conflict is None:
-        raise _fail(where, conflict_field,
-                    f"an implausible story needs an evidence sentence before its breakpoint, "
-                    f"got {list(conflict_pairs)}")
-    return story
-
-
-def _sentence_index(value: Any, n: int, where: str, field: str) -> int:
-    index = _int(value, where, field)
-    if not 0 <= index < n:
-        raise _fail(where, field, f"sentence index {index} out of range 0..{n - 1}")
-    return index
-
-
-def _pair_list(value: Any, n: int, where: str, field: str) -> list[tuple[int, int]]:
-    if not isinstance(value, list):
-        raise _fail(where, field, "expected a list of [i, j] sentence pairs")
-    pairs = []
-    for item in value:
-        if not isinstance(item, list) or len(item) != 2:
-            raise _fail(where, field, f"expected [i, j] sentence pairs, got {item!r}")
-        i, j = (_sentence_index(v, n, where, field) for v in item)
-        if i == j:
-            raise _fail(where, field, f"a sentence cannot conflict with itself: {item!r}")
-        pairs.append((i, j))
-    return pairs
-
-
-def _breakpoint_conflicts(record: dict, n: int, where: str, story_id: str,
-                          report: _Report) -> tuple[tuple[int, int], ...]:
-    """Conflict pairs of an implausible HAR/release story: every (evidence, breakpoint) pair.
-
-    All ``confl_sents`` are kept (``Story.evidence`` picks the latest before the breakpoint);
-    ``confl_pairs`` entries that end elsewhere than the breakpoint are reported, not kept.
-    """
-    bp = _sentence_index(_get(record, "breakpoint", where), n, where, "breakpoint")
-    sents = _get(record, "confl_sents", where)
-    if not isinstance(sents, list):
-        raise _fail(where, "confl_sents", "expected a list of sentence indices")
-    evidence = [_sentence_index(i, n, where, "confl_sents") for i in sents]
-    pairs = {(i, bp) for i in evidence if i != bp}
-    for i, j in _pair_list(_get(record, "confl_pairs", where), n, where, "confl_pairs"):
-        if j == bp:
-            pairs.add((i, j))
-        else:
-            report.off_breakpoint.append(f"{story_id} ({i}, {j})")
-    return tuple(sorted(pairs))
-
-
-def _pair_from_stories(pair_id: str, stories: list[Story], label: int, where: str,
-                       label_field: str) -> StoryPair:
-    flags = [s.plausible for s in stories]
-    if flags.count(True) != 1:
-        raise _fail(where, "plausible",
-                    f"a pair needs exactly one plausible story, got plausible={flags}")
-    if label != flags.index(True):
-        raise _fail(where, label_field,
-                    f"label {label} but story {flags.index(True)} is the plausible one")
-    return StoryPair(pair_id=pair_id, stories=(stories[0], stories[1]), label=label)
-
-
 # ---------------------------------------------------------------------------------------------
 # CGLI: one story a line, two consecutive lines per pair.
 
-def _cgli_story(record: Any, where: str, report: _Report) -> Story:
-    story_id = _get(record, "para_id", where)
+def _cgli_story(record: Any, where: str, report: Report) -> Story:
+    story_id = required(record, "para_id", where)
     if not isinstance(story_id, str) or not story_id:
-        raise _fail(where, "para_id", f"expected a non-empty string, got {story_id!r}")
+        raise fail(where, "para_id", f"expected a non-empty string, got {story_id!r}")
     where = f"{where} ({story_id})"
-    sentences = _strings(_get(record, "sentence_texts", where), where, "sentence_texts")
-    entities = _strings(_get(record, "participants", where), where, "participants",
+    sentences = strings(required(record, "sentence_texts", where), where, "sentence_texts")
+    entities = strings(required(record, "participants", where), where, "participants",
                         allow_empty=True)
-    plausible = _flag(_get(record, "plausible", where), where, "plausible")
-    conflicts = _pair_list(_get(record, "confl_pairs", where), len(sentences), where,
+    plausible = flag(required(record, "plausible", where), where, "plausible")
+    conflicts = pair_list(required(record, "confl_pairs", where), len(sentences), where,
                            "confl_pairs")
-    states = _dense_states(_get(record, "states", where), entities, len(sentences), where,
+    states = dense_states(required(record, "states", where), entities, len(sentences), where,
                            "states", story_id, report)
-    return _make_story(story_id, sentences, entities, states, plausible, tuple(conflicts),
+    return make_story(story_id, sentences, entities, states, plausible, tuple(conflicts),
                        where, "confl_pairs")
 
 
-def _read_cgli(path: str, report: _Report) -> list[StoryPair]:
+def _read_cgli(path: str, report: Report) -> list[StoryPair]:
     stories: list[tuple[int, Story]] = []
     for line_no, record in _json_lines(path):
         stories.append((line_no, _cgli_story(record, f"{path}: line {line_no}", report)))
@@ -266,56 +74,56 @@ def _read_cgli(path: str, report: _Report) -> list[StoryPair]:
         plausible = [a.plausible, b.plausible]
         label = plausible.index(True) if plausible.count(True) == 1 else 0
         pair_id = (b if label == 0 else a).story_id  # the implausible story names the pair
-        pairs.append(_pair_from_stories(pair_id, [a, b], label, where, "plausible"))
+        pairs.append(pair_from_stories(pair_id, [a, b], label, where, "plausible"))
     return pairs
 
 
 # ---------------------------------------------------------------------------------------------
 # HAR: one pair a line.
 
-def _har_story(record: Any, pair_id: str, k: int, where: str, report: _Report) -> Story:
-    sentences = _strings(_get(record, "sentences", where), where, "sentences")
-    entities = _strings(_get(record, "entities", where), where, "entities", allow_empty=True)
-    plausible = _flag(_get(record, "plausible", where), where, "plausible")
+def _har_story(record: Any, pair_id: str, k: int, where: str, report: Report) -> Story:
+    sentences = strings(required(record, "sentences", where), where, "sentences")
+    entities = strings(required(record, "entities", where), where, "entities", allow_empty=True)
+    plausible = flag(required(record, "plausible", where), where, "plausible")
     story_id = f"{pair_id}/{k}"
-    if plausible:  # must list no conflict; _make_story checks
-        conflicts = tuple(_pair_list(_get(record, "confl_pairs", where), len(sentences), where,
+    if plausible:  # must list no conflict; make_story checks
+        conflicts = tuple(pair_list(required(record, "confl_pairs", where), len(sentences), where,
                                      "confl_pairs"))
     else:
-        conflicts = _breakpoint_conflicts(record, len(sentences), where, story_id, report)
-    states = _dense_states(_get(record, "states", where), entities, len(sentences), where,
+        conflicts = breakpoint_conflicts(record, len(sentences), where, story_id, report)
+    states = dense_states(required(record, "states", where), entities, len(sentences), where,
                            "states", story_id, report)
-    return _make_story(story_id, sentences, entities, states, plausible, conflicts, where,
+    return make_story(story_id, sentences, entities, states, plausible, conflicts, where,
                        "confl_pairs" if plausible else "confl_sents")
 
 
 def _two_stories(record: Any, where: str) -> list:
-    stories = _get(record, "stories", where)
+    stories = required(record, "stories", where)
     if not isinstance(stories, list) or len(stories) != 2:
         got = len(stories) if isinstance(stories, list) else type(stories).__name__
-        raise _fail(where, "stories", f"expected two stories, got {got}")
+        raise fail(where, "stories", f"expected two stories, got {got}")
     return stories
 
 
 def _label(record: Any, field: str, where: str) -> int:
-    label = _int(_get(record, field, where), where, field)
+    label = integer(required(record, field, where), where, field)
     if label not in (0, 1):
-        raise _fail(where, field, f"label {label} out of range 0..1")
+        raise fail(where, field, f"label {label} out of range 0..1")
     return label
 
 
-def _read_har(path: str, report: _Report) -> list[StoryPair]:
+def _read_har(path: str, report: Report) -> list[StoryPair]:
     pairs = []
     for line_no, record in _json_lines(path):
         where = f"{path}: line {line_no}"
-        pair_id = _get(record, "example_id", where)
+        pair_id = required(record, "example_id", where)
         if not isinstance(pair_id, str) or not pair_id:
-            raise _fail(where, "example_id", f"expected a non-empty string, got {pair_id!r}")
+            raise fail(where, "example_id", f"expected a non-empty string, got {pair_id!r}")
         where = f"{where} ({pair_id})"
         label = _label(record, "pair_plausible_story", where)
         stories = [_har_story(s, pair_id, k, f"{where} story {k}", report)
                    for k, s in enumerate(_two_stories(record, where))]
-        pairs.append(_pair_from_stories(pair_id, stories, label, where, "pair_plausible_story"))
+        pairs.append(pair_from_stories(pair_id, stories, label, where, "pair_plausible_story"))
     return pairs
 
 
@@ -335,12 +143,12 @@ def _json_lines(path: str):
 # The authors' release: [cloze, order], cloze = {partition: [pair, ...]}.
 
 def _release_states(raw: Any, num_sentences: int, where: str, story_id: str,
-                    report: _Report) -> tuple[tuple[str, ...], np.ndarray]:
+                    report: Report) -> tuple[tuple[str, ...], np.ndarray]:
     """Converts per-sentence {attribute: [[entity, raw 0..8], ...]} to entities and states."""
     if not isinstance(raw, list):
-        raise _fail(where, "states", "expected a list with one object per sentence")
+        raise fail(where, "states", "expected a list with one object per sentence")
     if len(raw) > num_sentences:
-        raise _fail(where, "states", f"annotations for {len(raw)} sentences but the story has "
+        raise fail(where, "states", f"annotations for {len(raw)} sentences but the story has "
                     f"{num_sentences} sentences")
     if len(raw) < num_sentences:
         report.padded.append(story_id)
@@ -348,23 +156,23 @@ def _release_states(raw: Any, num_sentences: int, where: str, story_id: str,
     for s, sentence in enumerate(raw):
         field = f"states[{s}]"
         if not isinstance(sentence, dict):
-            raise _fail(where, field, "expected an object {attribute: [[entity, label], ...]}")
+            raise fail(where, field, "expected an object {attribute: [[entity, label], ...]}")
         for attribute, entries in sentence.items():
             if attribute not in schema.ATTRIBUTE_INDEX:
-                raise _fail(where, field, f"unknown attribute {attribute!r}")
+                raise fail(where, field, f"unknown attribute {attribute!r}")
             a = schema.ATTRIBUTE_INDEX[attribute]
             if not isinstance(entries, list):
-                raise _fail(where, f"{field}.{attribute}", "expected a list of [entity, label]")
+                raise fail(where, f"{field}.{attribute}", "expected a list of [entity, label]")
             for entry in entries:
                 if (not isinstance(entry, list) or len(entry) != 2
                         or not isinstance(entry[0], str)):
-                    raise _fail(where, f"{field}.{attribute}",
+                    raise fail(where, f"{field}.{attribute}",
                                 f"expected [entity, label], got {entry!r}")
-                entity, value = entry[0], _int(entry[1], where, f"{field}.{attribute}")
+                entity, value = entry[0], integer(entry[1], where, f"{field}.{attribute}")
                 try:
                     pre_eff = schema.change_direction_to_pre_effect(attribute, value)
                 except ValueError as err:
-                    raise _fail(where, f"{field}.{attribute}",
+                    raise fail(where, f"{field}.{attribute}",
                                 f"entity {entity!r}: {err}") from None
                 track = labels.setdefault(entity, {})
                 if track.get((s, a), pre_eff) != pre_eff:
@@ -379,29 +187,29 @@ def _release_states(raw: Any, num_sentences: int, where: str, story_id: str,
     return entities, states
 
 
-def _release_pair(record: Any, where: str, report: _Report) -> StoryPair:
-    pair_id = _get(record, "example_id", where)
+def _release_pair(record: Any, where: str, report: Report) -> StoryPair:
+    pair_id = required(record, "example_id", where)
     if not isinstance(pair_id, str) or not pair_id:
-        raise _fail(where, "example_id", f"expected a non-empty string, got {pair_id!r}")
+        raise fail(where, "example_id", f"expected a non-empty string, got {pair_id!r}")
     where = f"{where} ({pair_id})"
     label = _label(record, "label", where)
     stories = []
     for k, raw in enumerate(_two_stories(record, where)):
         story_where = f"{where} story {k}"
-        sentences = _strings(_get(raw, "sentences", story_where), story_where, "sentences")
+        sentences = strings(required(raw, "sentences", story_where), story_where, "sentences")
         story_id = raw.get("example_id", f"{pair_id}/{k}")
         if not isinstance(story_id, str) or not story_id:
-            raise _fail(story_where, "example_id", f"expected a non-empty string, got {story_id!r}")
+            raise fail(story_where, "example_id", f"expected a non-empty string, got {story_id!r}")
         # The authors' code takes plausibility and the conflict from the pair's fields.
         plausible = k == label
-        if "plausible" in raw and _flag(raw["plausible"], story_where, "plausible") != plausible:
-            raise _fail(story_where, "plausible",
+        if "plausible" in raw and flag(raw["plausible"], story_where, "plausible") != plausible:
+            raise fail(story_where, "plausible",
                         f"plausible={raw['plausible']} disagrees with the pair's label {label}")
-        conflicts = () if plausible else _breakpoint_conflicts(record, len(sentences), where,
+        conflicts = () if plausible else breakpoint_conflicts(record, len(sentences), where,
                                                                story_id, report)
-        entities, states = _release_states(_get(raw, "states", story_where), len(sentences),
+        entities, states = _release_states(required(raw, "states", story_where), len(sentences),
                                            story_where, story_id, report)
-        stories.append(_make_story(story_id, sentences, entities, states, plausible, conflicts,
+        stories.append(make_story(story_id, sentences, entities, states, plausible, conflicts,
                                    where, "confl_sents"))
     return StoryPair(pair_id=pair_id, stories=(stories[0], stories[1]), label=label)
 
@@ -421,7 +229,7 @@ def _release_cloze(path: str) -> dict:
 
 def read_release_partitions(path: str) -> dict[str, list[StoryPair]]:
     """Reads every partition of a release file: ``{partition: [StoryPair, ...]}``."""
-    report = _Report(path)
+    report = Report(path)
     partitions = {}
     for name, records in _release_cloze(path).items():
         partitions[name] = [_release_pair(r, f"{path}: {name} pair {i}", report)
@@ -430,7 +238,7 @@ def read_release_partitions(path: str) -> dict[str, list[StoryPair]]:
     return partitions
 
 
-def _read_release(path: str, split: str | None, report: _Report) -> list[StoryPair]:
+def _read_release(path: str, split: str | None, report: Report) -> list[StoryPair]:
     cloze = _release_cloze(path)
     if split is None:
         nonempty = [name for name, records in cloze.items() if records]
@@ -493,7 +301,7 @@ def read_pairs(path: str, format: str | None = None, split: str | None = None) -
     format = format or detect_format(path)
     if format not in FORMATS:
         raise TripDataError(f"{path}: unknown format {format!r}; expected one of {FORMATS}")
-    report = _Report(path)
+    report = Report(path)
     if format == "cgli":
         pairs = _read_cgli(path, report)
     elif format == "har":
