@@ -9,7 +9,7 @@ import pytest
 
 from configs import base, minilm
 from trip_jax import cli, main
-from trip_jax.data import input_pipeline, protocol
+from trip_jax.data import layouts, protocol
 from trip_jax.models import builders
 from trip_jax.runtime import jax_setup
 from trip_jax.training import checkpoints, optimizers, selection
@@ -40,9 +40,9 @@ def test_the_cli_checks_are_the_schemas():
 @pytest.mark.parametrize("key, implemented", [
     ("data.format", ("", *readers.FORMATS)),
     ("data.protocol", protocol.PROTOCOLS),
-    ("data.layout", features.LAYOUTS),
+    ("data.layout", layouts.NAMES),
     ("data.token_types", features.TOKEN_TYPES),
-    ("data.entity_padding", input_pipeline.ENTITY_PADDINGS),
+    ("data.entity_padding", layouts.ENTITY_PADDINGS),
     ("model.dtype", tuple(builders.DTYPES)),
     ("model.random_encoder.model_type", encoders.SUPPORTED_MODEL_TYPES),
     ("model.tiered.detector_activation", tuple(sorted(tiered._ACTIVATIONS))),
@@ -57,7 +57,10 @@ def test_each_choice_is_what_the_module_using_it_implements(key, implemented):
 
 def test_schema_names_shared_with_other_modules_agree():
     assert sections.CHECKPOINT_KINDS == checkpoints.NAMES
-    assert dataclasses.asdict(sections.BucketsConfig()) == dataclasses.asdict(features.Buckets())
+    # features.Buckets has no defaults of its own: the schema is the one place.
+    assert ([f.name for f in dataclasses.fields(sections.BucketsConfig)]
+            == [f.name for f in dataclasses.fields(features.Buckets)])
+    assert features.Buckets(**dataclasses.asdict(sections.BucketsConfig()))
     assert set(base.PRESETS) == set(base.PRESET_LOSSES)
 
 

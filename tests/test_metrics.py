@@ -308,7 +308,7 @@ def test_metrics_module_does_not_import_jax():
     code = ("import sys, trip_jax.evaluation.metrics; "
             "print(sorted(m for m in ('jax', 'jaxlib', 'flax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=pathlib.Path(metrics.__file__).parents[1])
+                         cwd=pathlib.Path(metrics.__file__).parents[2])
     assert out.stdout.strip() == "[]"
 
 

@@ -37,18 +37,18 @@ def test_write_report_writes_every_file(tmp_path):
     metadata = {"model": "tiny", "checkpoint_step": 7, "protocol": "dev-trained",
                 "data_files": paths.data_file_hashes([data])}
     baseline = {"accuracy": 0.495, "consistency": 0.107, "verifiability": 0.0}
-    paths = reports.write_report(tmp_path / "eval", "test", result, metadata, records,
+    written = reports.write_report(tmp_path / "eval", "test", result, metadata, records,
                                  baselines={"random": baseline})
-    assert sorted(paths) == ["attributes_plot", "failure_modes_plot", "json", "markdown",
+    assert sorted(written) == ["attributes_plot", "failure_modes_plot", "json", "markdown",
                              "predictions"]
-    document = json.loads(paths["json"].read_text())  # strict: NaN shares became null
+    document = json.loads(written["json"].read_text())  # strict: NaN shares became null
     assert document["split"] == "test" and document["checkpoint_step"] == 7
     assert document["metrics"]["accuracy"] == 0.5
     assert document["metrics"]["state_contribution"]["wet"]["share"] is None
     assert document["data_files"][str(data)] == hashlib.sha256(b"{}\n").hexdigest()
     assert document["baselines"]["random"]["consistency"] == 0.107
 
-    md = paths["markdown"].read_text()
+    md = written["markdown"].read_text()
     assert "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |" in md
     assert "| random | 49.5 | 10.7 | 0.0 |" in md
     assert "| tiny | 50.0 | 50.0 | 50.0 |" in md
@@ -59,16 +59,16 @@ def test_write_report_writes_every_file(tmp_path):
     assert "checkpoint step: 7" in md and "dev-trained" in md
 
     for key in ("failure_modes_plot", "attributes_plot"):
-        assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    lines = paths["predictions"].read_text().splitlines()
+        assert written[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = written["predictions"].read_text().splitlines()
     assert [json.loads(line)["pair_id"] for line in lines] == ["p0", "p1"]
     assert json.loads(lines[1])["correct"] is False and json.loads(lines[0])["verifiable"]
 
 
 def test_report_without_records_and_json_conversion(tmp_path):
     result, _ = scored()
-    paths = reports.write_report(tmp_path, "dev", result)
-    assert "predictions" not in paths and paths["markdown"].exists()
+    written = reports.write_report(tmp_path, "dev", result)
+    assert "predictions" not in written and written["markdown"].exists()
     converted = paths.to_jsonable({"a": np.float32(np.nan), "b": (np.int64(2), np.bool_(True)),
                                      "c": np.arange(2)})
     assert converted == {"a": None, "b": [2, True], "c": [0, 1]}

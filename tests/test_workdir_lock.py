@@ -14,7 +14,7 @@ from trip_jax.runtime import workdir_lock
 
 KILL_HOLDING_THE_LOCK = (
     "import os, signal, sys\n"
-    "from trip_jax import workdir_lock\n"
+    "from trip_jax.runtime import workdir_lock\n"
     "workdir_lock.acquire(sys.argv[1])\n"
     "os.kill(os.getpid(), signal.SIGKILL)\n")
 

@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     try:
-        paths = reports.write_report(epath.Path(args.out), args.split, scored.scores, metadata,
+        written = reports.write_report(epath.Path(args.out), args.split, scored.scores, metadata,
                                      scored.records,
                                      baselines={random_baseline.report_name(): baseline},
                                      by_marker=by_marker)
@@ -342,8 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     found = scored.metadata["disagreements"]
     if found:
         print(f"warning: {len(found)} disagreements between the file's own labels or flags and "
-              f"the data or this scoring, listed in {paths['json']}", file=sys.stderr)
-    print(f"wrote {paths['markdown']} and the other {args.split}.* reports", file=sys.stderr)
+              f"the data or this scoring, listed in {written['json']}", file=sys.stderr)
+    print(f"wrote {written['markdown']} and the other {args.split}.* reports", file=sys.stderr)
     return 0
 
 

@@ -55,7 +55,10 @@ STEPS: dict[int, Step] = {
     # The packed layout and its short-row group were retired (a config naming layout "packed"
     # is refused where the layout is built, trip_jax/data/layouts).
     1: Step(removed={"data.short_seq_len": 0},
-            dropped=("data.buckets.row_min", "data.buckets.rows_per_octave")),
+            dropped=("data.buckets.row_min", "data.buckets.rows_per_octave"),
+            # Declared since; Hugging Face's defaults, which a random encoder had before.
+            added={"model.random_encoder.hidden_dropout_prob": 0.1,
+                   "model.random_encoder.attention_probs_dropout_prob": 0.1}),
 }
 
 

@@ -112,6 +112,10 @@ class RandomEncoderConfig(Section):
     num_attention_heads: int = option(2, "attention heads", POSITIVE_INT)
     intermediate_size: int = option(64, "feed-forward width", POSITIVE_INT)
     max_position_embeddings: int = option(128, "longest row", POSITIVE_INT)
+    hidden_dropout_prob: float = option(0.1, "dropout of the hidden states (Hugging Face's "
+                                        "default)", DROPOUT)
+    attention_probs_dropout_prob: float = option(0.1, "dropout of the attention weights "
+                                                 "(Hugging Face's default)", DROPOUT)
 
 
 @dataclasses.dataclass(frozen=True)
