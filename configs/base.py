@@ -80,14 +80,10 @@ PRESETS: dict[str, dict[str, object]] = {
         # gets its states under one name (trip_jax/evaluation/decoding.py).
         "decoding.state_threshold": 0.5,
         "decoding.alias_states": True,
-        # Evidence of contradicting predicted states into the detector, with a direct path.
-        "model.tiered.state_transitions": True,
         # A story's score is its strongest conflict belief, not the sum over its cells.
         "model.tiered.story_score": "max",
         # A 1-layer detector (the reference's 6 layers learn no conflict from few pairs).
         "model.tiered.detector_layers": 1,
-        # Positive conflict labels (about 1 cell in 10) weigh 3x in the conflict loss.
-        "loss.conflict_positive_weight": 3.0,
         # Heads and detector start from scratch: a higher peak rate, warm-up and linear decay.
         "train.head_learning_rate": 2e-3,
         "train.schedule": "warmup_linear",

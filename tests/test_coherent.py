@@ -22,7 +22,6 @@ def test_the_paper_configs_run_the_reference_and_minilm_the_coherent_preset():
         assert config.preset == "reference"
         assert config.decoding.method == "reference"
         assert config.train.selection == "verifiability"
-        assert not config.model.tiered.state_transitions
         assert config.loss.story_weight == 0.0  # omit_story, the paper's best
     coherent = minilm.get_config()
     assert coherent.preset == "coherent"

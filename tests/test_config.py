@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from configs import base, minilm
+from configs import base
 from trip_jax import cli, main
 from trip_jax.data import layouts, protocol
 from trip_jax.models import builders
@@ -68,7 +68,7 @@ def test_schema_names_shared_with_other_modules_agree():
     (sections.DataConfig, {"layout": "packd"}, "unknown data.layout 'packd'"),
     (sections.TrainConfig, {"batch_size": 0}, "train.batch_size must be >= 1, got 0"),
     (sections.MeshConfig, {"data": 0}, "mesh.data must be -1 (every device"),
-    (sections.LossConfig, {"conflict_positive_weight": 0.0}, "must be > 0"),
+    (sections.LossConfig, {"pre_weight": -1.0}, "must be >= 0"),
 ])
 def test_a_section_refuses_a_value_outside_its_declaration(section, values, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -92,9 +92,22 @@ def test_a_current_config_migrates_to_itself():
     assert migrate.migrate(current, "here") == current
 
 
+def removed_values(old: dict) -> dict:
+    """The keys of a flat saved config set to a value a later version can no longer read."""
+    removed = {key: kept for step in migrate.STEPS.values() for key, kept in step.removed.items()}
+    return {key: value for key, value in old.items()
+            if key in removed and value != removed[key]}
+
+
 @pytest.mark.parametrize("path", OLD_CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
-def test_every_committed_old_config_migrates_keeping_its_values(path):
+def test_every_committed_old_config_migrates_keeping_its_values_or_names_what_was_removed(path):
     old = migrate.flatten(json.loads(path.read_text()))
+    if removed_values(old):
+        # E.g. the coherent preset's runs before issue 24's ablation (state_transitions=True).
+        key, value = next(iter(removed_values(old).items()))
+        with pytest.raises(migrate.ConfigError, match=f"{path}: {key}={value!r} was removed"):
+            migrate.migrate(json.loads(path.read_text()), str(path))
+        return
     new = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
     assert list(new) == list(sections.KEYS)
     assert "config_version" not in old and new["config_version"] == sections.CONFIG_VERSION
@@ -108,16 +121,8 @@ def test_every_committed_old_config_migrates_keeping_its_values(path):
 
 
 def test_old_configs_read_as_the_run_was_configured():
-    # Seed 22 of the coherent preset with the threshold chosen later (issue 24): its command
-    # set three keys; everything else is configs/minilm.py's.
-    path = REPO / "results/minilm_coherent_cst09/seed22/config.json"
-    migrated = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
-    expected = migrate.flatten(json.loads(minilm.get_config().to_json()))
-    command = ("train.keep_checkpoints", "train.compilation_cache_dir",
-               "decoding.conflict_state_threshold")
-    assert migrated["decoding.conflict_state_threshold"] == 0.9
-    assert {k: v for k, v in migrated.items() if k not in (*command, "model.encoder")} == {
-        k: v for k, v in expected.items() if k not in (*command, "model.encoder")}
+    # Runs of the coherent preset with state_transitions (before issue 24's ablation) are refused.
+    assert any(removed_values(migrate.flatten(json.loads(p.read_text()))) for p in OLD_CONFIGS)
     # The random baseline's config predates dedup_rows, cells and the decoding section.
     path = REPO / "results/random_baseline/config.json"
     migrated = migrate.migrate(json.loads(path.read_text()), str(path))
@@ -132,8 +137,12 @@ def test_old_configs_read_as_the_run_was_configured():
      "decoding.backing_threshold=0.35 was removed"),
     (lambda c: c["train"].update(learnin_rate=0.1),
      "unknown config key train.learnin_rate; did you mean train.learning_rate"),
-    (lambda c: c.update(config_version=sections.CONFIG_VERSION + 1), "config_version 3 is not"),
-    (lambda c: c["mesh"].pop("fsdp"), "config key mesh.fsdp is missing (config_version 2)"),
+    (lambda c: c.update(config_version=sections.CONFIG_VERSION + 1),
+     f"config_version {sections.CONFIG_VERSION + 1} is not"),
+    (lambda c: c["mesh"].pop("fsdp"),
+     f"config key mesh.fsdp is missing (config_version {sections.CONFIG_VERSION})"),
+    (lambda c: (c.update(config_version=2), c["model"]["tiered"].update(state_transitions=True)),
+     "model.tiered.state_transitions=True was removed"),
 ])
 def test_a_saved_config_no_version_reads_is_one_line_naming_the_key(change, message):
     config = json.loads(base.get_config().to_json())

@@ -149,18 +149,3 @@ def test_omitted_loss_contributes_nothing():
     assert float(parts["story"]) > 0
     np.testing.assert_allclose(
         total, 0.4 * parts["pre"] + 0.4 * parts["eff"] + 0.2 * parts["conflict"], rtol=1e-6)
-
-
-def test_conflict_positive_weight_scales_positive_labels_only():
-    outputs, batch = make_case()
-    rows = batch["row_mask"]
-    p = np.clip(np.asarray(outputs["conflict_prob"], np.float64), 1e-12, 1 - 1e-12)
-    y = batch["conflict_label"]
-    assert (y[rows] == 1).any() and (y[rows] == 0).any()
-    weighted_bce = -(3.0 * y * np.log(p) + (1 - y) * np.log(1 - p))
-    parts = tiered_loss(outputs, batch, LossConfig(conflict_positive_weight=3.0))[1]
-    np.testing.assert_allclose(parts["conflict"], weighted_bce[rows].mean(), rtol=1e-5)
-    reference = tiered_loss(outputs, batch, LossConfig())[1]
-    assert float(parts["conflict"]) > float(reference["conflict"]) + 1e-3
-    for key in ("pre", "eff", "story"):
-        np.testing.assert_allclose(parts[key], reference[key], rtol=1e-6)

@@ -30,12 +30,10 @@ TINY = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=1
 OPTIONS = {
     "default": {},
     "encoded_unmasked": dict(padding_rows="encoded", detector_padding_mask=False),
-    "transitions": dict(state_transitions=True),
     "max_score": dict(story_score="max"),
 }
 FLOAT_KEYS = ("pre_logits", "eff_logits", "conflict_logits", "conflict_prob", "story_score")
 PRED_KEYS = ("pre_pred", "eff_pred", "story_pred")
-TRANSITION_PARAMS = ("transitions_proj", "transitions_out")
 COMMON = dict(max_sentences=S, max_length=None, token_types="segments", entity_padding="bucket")
 LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=64, max_shapes=1, dedup_rows=False,
                                                  **COMMON),
@@ -96,15 +94,8 @@ def random_params(model, batch):
 
 @pytest.fixture(scope="module")
 def params(encoded, batches):
-    """Parameters of every option (those of state_transitions included)."""
-    return random_params(make_model(encoded[1], state_transitions=True), batches["packed_tokens"])
-
-
-def options_params(params, options):
-    """The parameters an option set builds (the transition layers only with them)."""
-    if options.get("state_transitions"):
-        return params
-    return {k: v for k, v in params.items() if k not in TRANSITION_PARAMS}
+    """Parameters of the tiny model (every option builds the same ones)."""
+    return random_params(make_model(encoded[1]), batches["packed_tokens"])
 
 
 def test_batches_have_every_kind_of_padding(batches):
@@ -125,7 +116,7 @@ def test_batches_have_every_kind_of_padding(batches):
 @pytest.mark.parametrize("option", sorted(OPTIONS))
 def test_real_cells_equal_the_grid(encoded, batches, params, layout, option):
     batch = batches[layout]
-    p = {"params": options_params(params, OPTIONS[option])}
+    p = {"params": params}
     grid = make_model(encoded[1], **OPTIONS[option]).apply(p, batch)
     real = make_model(encoded[1], cells="real", **OPTIONS[option]).apply(p, batch)
     assert set(real) == set(grid)
@@ -146,7 +137,7 @@ def test_heads_and_detector_see_only_real_rows_and_tracks(encoded, batches, para
     """The heads run on R + 1 rows and the detector on K + 1 tracks, never on the grid."""
     batch = batches["packed_tokens"]
     model = make_model(encoded[1], cells="real")
-    _, state = model.apply({"params": options_params(params, {})}, batch,
+    _, state = model.apply({"params": params}, batch,
                            capture_intermediates=True, mutable=["intermediates"])
     calls = state["intermediates"]
     pre, eff = calls["state_heads"]["__call__"][0]
@@ -157,9 +148,8 @@ def test_heads_and_detector_see_only_real_rows_and_tracks(encoded, batches, para
 
 def test_training_mode_and_parameters(encoded, batches, params):
     batch = batches["packed_tokens"]
-    options = dict(state_transitions=True)
-    real = make_model(encoded[1], cells="real", **options)
-    grid = make_model(encoded[1], **options)
+    real = make_model(encoded[1], cells="real")
+    grid = make_model(encoded[1])
     # Same module names and shapes: checkpoints interchange.
     shapes = lambda model: jax.tree_util.tree_map(
         lambda leaf: leaf.shape, jax.eval_shape(model.init, jax.random.key(0), batch)["params"])
@@ -175,8 +165,7 @@ def test_training_mode_and_parameters(encoded, batches, params):
     (value, out), grads = grad(params, jnp.array([0.3, 0.3, 0.2, 0.2]), jax.random.key(1))
     leaves = jax.tree_util.tree_leaves(grads)
     assert np.isfinite(float(value)) and all(np.isfinite(np.asarray(g)).all() for g in leaves)
-    for name in ("encoder", "state_heads", "detector", "embedding_proj", "states_proj",
-                 "transitions_proj", "transitions_out"):
+    for name in ("encoder", "state_heads", "detector", "embedding_proj", "states_proj"):
         assert any(np.asarray(g).any() for g in jax.tree_util.tree_leaves(grads[name])), name
     # Dropout is live: the training logits differ from the deterministic ones.
     evaluated = real.apply({"params": params}, batch)
@@ -190,7 +179,7 @@ def test_training_mode_and_parameters(encoded, batches, params):
 
 def test_without_track_index_every_track_runs(encoded, batches, params):
     batch = batches["packed_tokens"]
-    p = {"params": options_params(params, {})}
+    p = {"params": params}
     named = make_model(encoded[1], cells="real").apply(p, batch)
     every = make_model(encoded[1], cells="real").apply(
         p, {k: v for k, v in batch.items() if k != "track_index"})

@@ -22,8 +22,7 @@ from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
 from trip_jax.training.losses import LossConfig, tiered_loss
 from trip_jax.models.tiered import (NEG_LOGIT, StateHeads, TieredConfig, TieredModel,
-                                    binary_attributes, build_tiered_model, class_mask,
-                                    real_logit_columns, transition_features)
+                                    build_tiered_model, class_mask, real_logit_columns)
 
 S = 4       # sentences per story (tiny)
 E = 3       # entities per story in the batch
@@ -279,57 +278,3 @@ def test_sentence_count_must_match_config(packed, params):
     model = make_model(dataclasses.replace(TINY, max_sentences=S + 1))
     with pytest.raises(ValueError, match="max_sentences"):
         model.apply({"params": params}, packed)
-
-
-def test_transition_features_equal_a_loop_over_sentence_pairs():
-    rng = np.random.default_rng(3)
-    tracks, sentences = 3, 5
-    pre = rng.normal(size=(tracks, sentences, 20, 9)).astype(np.float32) * 3
-    eff = rng.normal(size=(tracks, sentences, 20, 9)).astype(np.float32) * 3
-    pre[..., 3:], eff[..., 3:] = NEG_LOGIT, NEG_LOGIT  # as the model's 3-class heads give
-    mask = np.ones((tracks, sentences), bool)
-    mask[1, 3:] = False
-    attributes = binary_attributes(schema.NUM_CLASSES)
-    assert len(attributes) == 18 and 0 not in attributes and 5 not in attributes
-    got = np.asarray(transition_features(pre, eff, mask, attributes))
-    assert got.shape == (tracks, sentences, 36)
-
-    def softmax(x):
-        x = np.exp(x - x.max(-1, keepdims=True))
-        return x / x.sum(-1, keepdims=True)
-
-    p, q = softmax(pre[..., :3]), softmax(eff[..., :3])  # binary attributes: 3 classes
-    want = np.zeros_like(got)
-    for n in range(tracks):
-        for t in range(sentences):
-            for s in range(t + 1, sentences):
-                if not (mask[n, t] and mask[n, s]):
-                    continue
-                for k, a in enumerate(attributes):
-                    c = q[n, t, a, 2] * p[n, s, a, 1] + q[n, t, a, 1] * p[n, s, a, 2]
-                    want[n, s, k] = max(want[n, s, k], c)         # s as the breakpoint
-                    want[n, t, 18 + k] = max(want[n, t, 18 + k], c)  # t as the evidence
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert not got[1, 3:].any()
-
-
-def test_state_transitions_feed_the_detector_without_gradient(params, packed, outputs):
-    model = make_model(dataclasses.replace(TINY, state_transitions=True))
-    extended = model.init(jax.random.key(0), packed)["params"]
-    assert set(extended) - set(params) == {"transitions_proj", "transitions_out"}
-    # The direct path starts at the configured weight: a sure contradiction adds it to a logit.
-    np.testing.assert_array_equal(extended["transitions_out"]["kernel"], 2.0)
-    out = forward(model, {**params, "transitions_proj": extended["transitions_proj"],
-                          "transitions_out": extended["transitions_out"]}, packed)
-    np.testing.assert_allclose(out["pre_logits"], outputs["pre_logits"], rtol=1e-6)
-    assert not np.allclose(out["conflict_prob"], outputs["conflict_prob"])  # the detector sees it
-    assert not np.asarray(out["conflict_prob"])[~packed["row_mask"]].any()
-
-    def conflict_loss(p):
-        o = model.apply({"params": p}, packed)
-        return tiered_loss(o, packed, LossConfig(0.0, 0.0, 1.0, 0.0))[0]
-
-    grads = jax.grad(conflict_loss)(extended)
-    assert not any(np.asarray(g).any() for g in jax.tree_util.tree_leaves(grads["state_heads"]))
-    for name in ("transitions_proj", "transitions_out"):
-        assert any(np.asarray(g).any() for g in jax.tree_util.tree_leaves(grads[name]))

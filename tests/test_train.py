@@ -153,11 +153,11 @@ def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
     # A model option added after a checkpoint was written (a config saved before versions):
     # absent there, so at its default.
     saved = checkpoints.config_to_dict(tiny_config())
-    del saved["config_version"], saved["model"]["tiered"]["state_transitions"]
+    del saved["config_version"], saved["model"]["tiered"]["detector_norm_first"]
     checkpoints.check_compatible(saved, tiny_config(), "older run")
     other = tiny_config()
-    other.model.tiered.state_transitions = True
-    with pytest.raises(checkpoints.CheckpointError, match="state_transitions"):
+    other.model.tiered.detector_norm_first = True
+    with pytest.raises(checkpoints.CheckpointError, match="detector_norm_first"):
         checkpoints.check_compatible(saved, other, "older run")
     broken = tmp_path / "broken"
     shutil.copytree(workdir, broken)
@@ -282,16 +282,19 @@ def test_init_from_takes_an_earlier_runs_parameters_except_skipped(tiny_config, 
     source_dir, _ = full_run
     source = params_of(source_dir, "best_accuracy")
     config = tiny_config()
-    config.model.tiered.state_transitions = True   # a parameter group the source run lacks
+    assert config.model.tiered.detector_layers == 1
+    config.model.tiered.detector_layers = 2   # a detector layer the source run lacks
     config.train.init_from = str(source_dir)
     config.train.init_from_checkpoint = "best_accuracy"
-    config.train.init_skip = r"\['detector'\]"
+    config.train.init_skip = r"\['conflict_out'\]"
     fresh, placed = fresh_params(config)
     params = jax.device_get(init_params_from(config, placed))
     for group in ("encoder", "state_heads", "states_proj", "embedding_proj"):
         assert_trees_equal(params[group], source[group])
-    assert_trees_equal(params["detector"], fresh["detector"])          # skipped
-    assert_trees_equal(params["transitions_proj"], fresh["transitions_proj"])  # not in source
+    assert_trees_equal(params["detector"]["layer_0"], source["detector"]["layer_0"])
+    assert_trees_equal(params["detector"]["conflict_out"],
+                       fresh["detector"]["conflict_out"])  # skipped
+    assert_trees_equal(params["detector"]["layer_1"], fresh["detector"]["layer_1"])  # not in source
     assert not np.allclose(fresh["state_heads"]["heads"]["dense"]["kernel"],
                            source["state_heads"]["heads"]["dense"]["kernel"])
     config.model.tiered.detector_ff = 48  # another detector shape, no longer skipped

@@ -59,6 +59,11 @@ STEPS: dict[int, Step] = {
             # Declared since; Hugging Face's defaults, which a random encoder had before.
             added={"model.random_encoder.hidden_dropout_prob": 0.1,
                    "model.random_encoder.attention_probs_dropout_prob": 0.1}),
+    # Issue 24's ablation: neither option raised consistency + verifiability (docs/results.md,
+    # "Ablation"); runs trained with them are refused (their models or losses differ).
+    2: Step(removed={"model.tiered.state_transitions": False,
+                     "loss.conflict_positive_weight": 1.0},
+            dropped=("model.tiered.transitions_init_weight",)),
 }
 
 

@@ -22,7 +22,7 @@ from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_I
                                     Section, above, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
@@ -152,10 +152,6 @@ class TieredConfig(Section):
     conflict_dropout: float = option(0.1, "dropout before the conflict Dense(S)", DROPOUT)
     story_score: StoryScore = option(
         "sum", "sum: -sum of a story's beliefs / 2 (the reference); max: -its strongest")
-    state_transitions: bool = option(
-        False, "contradicting-state evidence into the detector, with a direct path onto the "
-        "conflict logits")
-    transitions_init_weight: float = option(2.0, "start of every weight of that direct path")
     padding_rows: PaddingRows = option(
         "zero", "what padding cells feed the heads: zero, or encoded (the reference: the "
         "encoder's vector of one all-zero, fully masked row)")
@@ -217,8 +213,6 @@ class LossConfig(Section):
     mask_padding_in_losses: bool = option(
         True, "padding cells of real pairs leave the losses' denominators (False: the "
         "reference)")
-    conflict_positive_weight: float = option(
-        1.0, "weight of positive conflict labels in the BCE (1: the reference)", above(0))
 
 
 @dataclasses.dataclass(frozen=True)

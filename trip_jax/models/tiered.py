@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from trip_jax.data import batch_contract, schema
 from trip_jax.config.sections import (Activation, Cells, PaddingRowAttention, PaddingRows,
                                       StoryScore, TieredConfig, choices_of)
 from trip_jax.models import exact_mode
@@ -47,36 +46,6 @@ def real_logit_columns(num_classes: tuple[int, ...]) -> np.ndarray:
     Attribute-major, so the gathered vector is the concatenation of the A unpadded heads.
     """
     return np.flatnonzero(class_mask(num_classes).reshape(-1))
-
-
-def binary_attributes(num_classes: tuple[int, ...]) -> np.ndarray:
-    """Indices of the attributes whose labels are 0 unknown / 1 false / 2 true (not locations)."""
-    return np.asarray([a for a, name in enumerate(schema.ATTRIBUTES)
-                       if name not in schema.LOCATION_ATTRIBUTES and num_classes[a] == 3])
-
-
-def transition_features(pre_logits: jax.Array, eff_logits: jax.Array, sentence_mask: jax.Array,
-                        attributes: np.ndarray) -> jax.Array:
-    """Soft evidence of contradicting state transitions along each (story, entity) track.
-
-    ``pre_logits``/``eff_logits`` [N, S, A, C], ``sentence_mask`` bool [N, S]. For sentences
-    t < s and a binary attribute a, contradiction(t, s, a) = P(effect_t = true) P(pre_s = false)
-    + P(effect_t = false) P(pre_s = true). Returns [N, S, 2·len(attributes)]: per sentence s,
-    max over earlier t of contradiction(t, s, ·) (s as the breakpoint), then max over later u of
-    contradiction(s, u, ·) (s as the evidence); 0 where no such sentence exists.
-    """
-    pre = jax.nn.softmax(pre_logits[..., attributes, :], axis=-1)
-    eff = jax.nn.softmax(eff_logits[..., attributes, :], axis=-1)
-    # [N, t, s, a]: earlier effect true and later precondition false, or the other way round.
-    contradiction = (eff[:, :, None, :, 2] * pre[:, None, :, :, 1]
-                     + eff[:, :, None, :, 1] * pre[:, None, :, :, 2])
-    num_sentences = sentence_mask.shape[-1]
-    earlier = np.triu(np.ones((num_sentences, num_sentences), bool), k=1)  # [t, s]: t < s
-    valid = (earlier[None, :, :] & sentence_mask[:, :, None] & sentence_mask[:, None, :])
-    contradiction = jnp.where(valid[..., None], contradiction, 0.0)
-    as_breakpoint = contradiction.max(axis=1)  # over earlier t: [N, s, a]
-    as_evidence = contradiction.max(axis=2)    # over later s: [N, t, a]
-    return jnp.concatenate([as_breakpoint, as_evidence], axis=-1)
 
 
 class _StateHead(nn.Module):
@@ -216,30 +185,19 @@ class TieredModel(nn.Module):
             h, deterministic=deterministic)
 
         # Conflict detector, per (story, entity) track: Dense(dropout(h)) next to
-        # Dense(dropout(s)), s the real state logits without gradient (+ transition evidence).
+        # Dense(dropout(s)), s the real state logits without gradient.
         drop = lambda y: nn.Dropout(cfg.projection_dropout)(y, deterministic=deterministic)
         logits = jax.lax.stop_gradient(real_state_logits(pre_logits, eff_logits,
                                                          cfg.num_classes))
         projected = cells.tracks(nn.Dense(cfg.state_projection, name="states_proj")(drop(logits)))
         embedded = cells.tracks(nn.Dense(cfg.embedding_projection, name="embedding_proj")(
             drop(h)))
-        if cfg.state_transitions:
-            transitions = jax.lax.stop_gradient(transition_features(
-                cells.tracks(pre_logits), cells.tracks(eff_logits), cells.track_mask,
-                binary_attributes(cfg.num_classes)))
-        # Summed and joined per cell as [T*S, F] matrices (``_cells_of``), then per track.
+        # Joined per cell as [T*S, F] matrices (``_cells_of``), then per track.
         embedded, projected = _cells_of(embedded), _cells_of(projected)
-        if cfg.state_transitions:
-            projected = projected + nn.Dense(cfg.state_projection, name="transitions_proj")(
-                _cells_of(transitions))
         detector_input = jnp.concatenate([embedded, projected], axis=-1).reshape(
             *cells.track_mask.shape, -1)
         conflict_logits = ConflictDetector(cfg, name="detector")(
             detector_input, cells.track_mask, deterministic=deterministic)  # [T, S]
-        if cfg.state_transitions:
-            direct = nn.Dense(1, name="transitions_out", kernel_init=nn.initializers.constant(
-                cfg.transitions_init_weight))
-            conflict_logits = conflict_logits + _per_cell(direct, transitions)[..., 0]
 
         # Story choice, from the beliefs on the grid.
         row_mask = cells.row_mask
@@ -284,16 +242,10 @@ class TieredModel(nn.Module):
 
 
 def _cells_of(values: jax.Array) -> jax.Array:
-    """[T, S, F] -> [T*S, F]. The detector's inputs are summed and joined in this shape, the one
-    the model's results were first computed with: XLA sums a gradient over [T*S] rows in
-    another order than over [T, S], which changes the trained weights' last bits."""
+    """[T, S, F] -> [T*S, F]. The detector's inputs are joined in this shape, the one the
+    model's results were first computed with: XLA may sum a gradient over [T*S] rows in another
+    order than over [T, S], which changes the trained weights' last bits."""
     return values.reshape(-1, values.shape[-1])
-
-
-def _per_cell(layer, values: jax.Array) -> jax.Array:
-    """``layer`` on [T, S, F] track values as one [T*S, F] matrix (``_cells_of``), back to
-    [T, S, F']."""
-    return layer(_cells_of(values)).reshape(*values.shape[:-1], -1)
 
 
 def _masked_argmax(logits: jax.Array, row_mask: jax.Array) -> jax.Array:

@@ -79,7 +79,6 @@ def tiered_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
     conflict_label = batch["conflict_label"].astype(jnp.float32)
     bce = optax.sigmoid_binary_cross_entropy(
         outputs["conflict_logits"].astype(jnp.float32), conflict_label)
-    bce = bce * (1.0 + (config.conflict_positive_weight - 1.0) * conflict_label)
     # Padded rows have belief 0 and label 0: their BCE is 0 whether or not they are counted.
     bce = jnp.where(real_rows, bce, 0.0)
     conflict = _masked_mean(bce, counted_rows)
