@@ -154,12 +154,10 @@ def check_devices(config, device_count: int) -> None:
             f"fsdp={config.mesh.fsdp} (allowed: sizes whose product is the {device_count} "
             f"device{'s' if device_count != 1 else ''}; one of them -1 takes what the other "
             "leaves)") from None
-    shards = sharding.batch_shards({"data": data, "fsdp": fsdp})
-    if config.train.batch_size % shards:
-        raise cli.UsageError(checks.bad_value(
-            "train.batch_size", config.train.batch_size,
-            f"a multiple of {shards}, the devices the batch is split over: mesh data={data} x "
-            f"fsdp={fsdp}"))
+    try:
+        sharding.check_batch_split(config.train.batch_size, {"data": data, "fsdp": fsdp})
+    except ValueError as error:
+        raise cli.UsageError(str(error)) from None
 
 
 define_flags()

@@ -43,13 +43,6 @@ class TrainingDiverged(FloatingPointError):
     """The loss (or the gradient or parameter norm) became NaN or infinite."""
 
 
-def _check_batch_size(batch_size: int, mesh) -> None:
-    shards = sharding.num_batch_shards(mesh)
-    if batch_size % shards:
-        raise ValueError(f"train.batch_size={batch_size} does not split over the {shards} "
-                         f"devices of the mesh; use a multiple of {shards} (or a smaller mesh)")
-
-
 # ------------------------------------------------------------------------------------------
 # The loop.
 
@@ -144,7 +137,7 @@ def _train_and_evaluate(config, workdir: epath.Path, decoding_config, started: f
                         ) -> dict[str, Any]:
     """``train_and_evaluate`` once the workdir is locked."""
     mesh = sharding.create_mesh(config.mesh)
-    _check_batch_size(config.train.batch_size, mesh)
+    sharding.check_batch_split(config.train.batch_size, mesh.shape)
     logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), mesh.size,
                  jax.process_count())
 

@@ -22,6 +22,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from trip_jax.config import checks
+
 MESH_AXES: tuple[str, ...] = ("data", "fsdp")
 # The batch's leading dimension is split over every device.
 BATCH_AXES: tuple[str, ...] = ("data", "fsdp")
@@ -56,6 +58,17 @@ def batch_shards(axis_sizes) -> int:
     """The pieces a batch's leading dimension is split into, for a mesh of ``axis_sizes``
     ({axis: size}): the product of the ``BATCH_AXES`` sizes."""
     return int(np.prod([axis_sizes[a] for a in BATCH_AXES]))
+
+
+def check_batch_split(batch_size: int, axis_sizes) -> None:
+    """ValueError, one line naming ``train.batch_size``, unless ``batch_size`` splits over the
+    ``batch_shards`` of a mesh of ``axis_sizes`` ({axis: size}): every device gets its own pairs."""
+    shards = batch_shards(axis_sizes)
+    if batch_size % shards:
+        mesh = " x ".join(f"{axis}={size}" for axis, size in dict(axis_sizes).items())
+        raise ValueError(checks.bad_value(
+            "train.batch_size", batch_size,
+            f"a multiple of {shards}, the devices the batch is split over: mesh {mesh}"))
 
 
 def num_batch_shards(mesh: Mesh) -> int:
