@@ -11,7 +11,8 @@ import pytest
 
 from trip_jax.data import schema
 from trip_jax.data import readers
-from trip_jax.data.readers import TripDataError, TripDataWarning
+from trip_jax.data.readers import TripDataError
+from trip_jax.data.record_checks import TripDataWarning
 
 MOVEABLE = schema.ATTRIBUTE_INDEX["moveable"]
 POWER = schema.ATTRIBUTE_INDEX["power"]

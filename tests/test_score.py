@@ -20,7 +20,7 @@ from trip_jax.data import schema
 from trip_jax.evaluation import metrics
 from trip_jax.evaluation import prediction_formats as formats
 from trip_jax.evaluation import prediction_matching as matching
-from trip_jax.data import readers
+from trip_jax.data import readers, record_checks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RUN_REPORTS = REPO / "results" / "minilm_coherent" / "seed22" / "reports"
@@ -31,7 +31,7 @@ AUTHORS_SAMPLE = "authors_predictions.sample.json"
 def test_pairs(data_dir):
     """The test split of the shared data (351 pairs)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", readers.TripDataWarning)
+        warnings.simplefilter("ignore", record_checks.TripDataWarning)
         return readers.load_split(data_dir, "test")
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trip_jax.data import readers, stats
+from trip_jax.data import readers, record_checks, stats
 from trip_jax.data.__main__ import main
 
 def test_shared_plausible_story_is_counted_once(fx, tmp_path):
@@ -23,7 +23,7 @@ def test_shared_plausible_story_is_counted_once(fx, tmp_path):
 
 
 def test_shared_data_matches_table_1(capsys, data_dir):
-    with pytest.warns(readers.TripDataWarning, match="5 stories have states for fewer"):
+    with pytest.warns(record_checks.TripDataWarning, match="5 stories have states for fewer"):
         assert main(["stats", f"--data_dir={data_dir}", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert set(got) == {"dev", "test"}  # subset files are not taken for splits
@@ -40,7 +40,7 @@ def test_shared_data_matches_table_1(capsys, data_dir):
 
 def test_table_output_and_missing_split_note(capsys, monkeypatch, data_dir):
     monkeypatch.setenv(readers.DATA_DIR_ENV, data_dir)
-    with pytest.warns(readers.TripDataWarning):
+    with pytest.warns(record_checks.TripDataWarning):
         assert main(["stats"]) == 0
     out = capsys.readouterr().out
     assert "not found: train" in out

@@ -38,6 +38,7 @@ from trip_jax.runtime import paths
 from trip_jax.evaluation import prediction_formats as formats
 from trip_jax.evaluation import prediction_matching as matching
 from trip_jax.data import readers
+from trip_jax.data.record_checks import TripDataWarning
 from trip_jax.data.types import StoryPair
 from trip_jax.evaluation.prediction_formats import Problem
 
@@ -272,7 +273,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def _load_pairs(args: argparse.Namespace) -> tuple[list[StoryPair], list[str], list[str]]:
     """The split's pairs, the data files read and the readers' warnings (as notes)."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", readers.TripDataWarning)
+        warnings.simplefilter("always", TripDataWarning)
         if args.data_file:
             path = args.data_file
             pairs = readers.read_pairs(path, split=args.split if os.path.basename(path) ==
@@ -285,7 +286,7 @@ def _load_pairs(args: argparse.Namespace) -> tuple[list[StoryPair], list[str], l
             path = readers.find_split_files(data_dir).get(args.split, "")
             pairs = readers.load_split(data_dir, args.split)
     notes = [f"data reader: {w.message}" for w in caught
-             if issubclass(w.category, readers.TripDataWarning)]
+             if issubclass(w.category, TripDataWarning)]
     return pairs, [path], notes
 
 

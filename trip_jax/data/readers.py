@@ -25,8 +25,6 @@ from trip_jax.data import schema
 from trip_jax.data.record_checks import (
     breakpoint_conflicts, dense_states, fail, flag, integer, make_story, pair_from_stories,
     pair_list, Report, required, strings, TripDataError)
-# Callers catch these as readers.TripDataError / readers.TripDataWarning.
-from trip_jax.data.record_checks import TripDataWarning  # noqa: F401
 from trip_jax.data.types import Story, StoryPair, empty_states
 
 FORMATS: tuple[str, ...] = ("cgli", "har", "release")
