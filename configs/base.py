@@ -80,8 +80,6 @@ PRESETS: dict[str, dict[str, object]] = {
         # gets its states under one name (trip_jax/evaluation/decoding.py).
         "decoding.state_threshold": 0.5,
         "decoding.alias_states": True,
-        # A story's score is its strongest conflict belief, not the sum over its cells.
-        "model.tiered.story_score": "max",
         # A 1-layer detector (the reference's 6 layers learn no conflict from few pairs).
         "model.tiered.detector_layers": 1,
         # Heads and detector start from scratch: a higher peak rate, warm-up and linear decay.

@@ -30,7 +30,6 @@ TINY = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=1
 OPTIONS = {
     "default": {},
     "encoded_unmasked": dict(padding_rows="encoded", detector_padding_mask=False),
-    "max_score": dict(story_score="max"),
 }
 FLOAT_KEYS = ("pre_logits", "eff_logits", "conflict_logits", "conflict_prob", "story_score")
 PRED_KEYS = ("pre_pred", "eff_pred", "story_pred")

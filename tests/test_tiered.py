@@ -129,17 +129,6 @@ def test_padding_rows_are_zero_and_story_choice_follows_beliefs(outputs, packed)
     np.testing.assert_array_equal(outputs["story_pred"], score.argmax(-1))
 
 
-def test_max_story_score_uses_the_strongest_belief(params, packed, outputs):
-    model = make_model(dataclasses.replace(TINY, story_score="max"))
-    out = forward(model, params, packed)
-    prob = np.asarray(outputs["conflict_prob"])
-    np.testing.assert_allclose(out["conflict_prob"], prob, rtol=1e-6)  # only the score changes
-    np.testing.assert_allclose(out["story_score"], -prob.max(axis=(2, 3)), rtol=1e-6)
-    np.testing.assert_array_equal(out["story_pred"], (-prob.max(axis=(2, 3))).argmax(-1))
-    with pytest.raises(ValueError, match="story_score"):
-        dataclasses.replace(TINY, story_score="mean")
-
-
 def test_logits_of_missing_classes_are_masked(outputs):
     invalid = ~class_mask(schema.NUM_CLASSES)
     assert invalid.sum() == 20 * 9 - 66

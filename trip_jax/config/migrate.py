@@ -62,7 +62,8 @@ STEPS: dict[int, Step] = {
     # Issue 24's ablation: neither option raised consistency + verifiability (docs/results.md,
     # "Ablation"); runs trained with them are refused (their models or losses differ).
     2: Step(removed={"model.tiered.state_transitions": False,
-                     "loss.conflict_positive_weight": 1.0},
+                     "loss.conflict_positive_weight": 1.0,
+                     "model.tiered.story_score": "sum"},
             dropped=("model.tiered.transitions_init_weight",)),
 }
 

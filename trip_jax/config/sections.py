@@ -33,7 +33,6 @@ LayoutName = Literal["packed_tokens", "dense"]
 DType = Literal["float32", "bfloat16", "float16"]
 EncoderType = Literal["bert", "roberta", "deberta", "deberta-v2"]
 Activation = Literal["gelu", "relu"]
-StoryScore = Literal["sum", "max"]
 PaddingRows = Literal["zero", "encoded"]
 PaddingRowAttention = Literal["legacy", "masked"]
 Cells = Literal["grid", "real"]
@@ -150,8 +149,6 @@ class TieredConfig(Section):
         True, "padded sentences masked as keys and zeroed before the flatten (False: the "
         "reference, which masked nothing)")
     conflict_dropout: float = option(0.1, "dropout before the conflict Dense(S)", DROPOUT)
-    story_score: StoryScore = option(
-        "sum", "sum: -sum of a story's beliefs / 2 (the reference); max: -its strongest")
     padding_rows: PaddingRows = option(
         "zero", "what padding cells feed the heads: zero, or encoded (the reference: the "
         "encoder's vector of one all-zero, fully masked row)")

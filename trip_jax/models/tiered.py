@@ -16,7 +16,7 @@ import numpy as np
 from flax import linen as nn
 
 from trip_jax.config.sections import (Activation, Cells, PaddingRowAttention, PaddingRows,
-                                      StoryScore, TieredConfig, choices_of)
+                                      TieredConfig, choices_of)
 from trip_jax.models import exact_mode
 from trip_jax.models.cells import cell_view
 from trip_jax.models.encoders import build_encoder
@@ -28,7 +28,6 @@ NEG_LOGIT = -1e9
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
 # The values of the choice keys of ``model.tiered`` (declared in trip_jax/config/sections.py).
 ACTIVATIONS: tuple[str, ...] = choices_of(Activation)
-STORY_SCORES: tuple[str, ...] = choices_of(StoryScore)
 PADDING_ROWS: tuple[str, ...] = choices_of(PaddingRows)
 PADDING_ROW_ATTENTION: tuple[str, ...] = choices_of(PaddingRowAttention)
 # Where the state heads and the detector run: every (B, 2, E, S) cell, or the real ones only.
@@ -204,7 +203,7 @@ class TieredModel(nn.Module):
         pre_logits, eff_logits = cells.to_grid(pre_logits), cells.to_grid(eff_logits)
         conflict_logits = cells.from_tracks(conflict_logits)
         conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
-        story_score = story_scores(conflict_prob, cfg.story_score)
+        story_score = -conflict_prob.sum(axis=(2, 3)) / 2  # −Σ_{e,s} p / 2, the reference's
         return {
             "pre_logits": pre_logits,
             "eff_logits": eff_logits,
@@ -259,13 +258,6 @@ def real_state_logits(pre_logits: jax.Array, eff_logits: jax.Array,
     columns = real_logit_columns(num_classes)
     return jnp.concatenate([pre_logits.reshape(len(pre_logits), -1)[:, columns],
                             eff_logits.reshape(len(eff_logits), -1)[:, columns]], axis=-1)
-
-
-def story_scores(conflict_prob: jax.Array, how: str) -> jax.Array:
-    """[B, 2, E, S] beliefs -> [B, 2]: "sum" −Σ_{e,s} p / 2 (the reference), "max" −max p."""
-    if how == "max":
-        return -conflict_prob.max(axis=(2, 3))
-    return -conflict_prob.sum(axis=(2, 3)) / 2
 
 
 def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *,
