@@ -4,6 +4,7 @@ tiers of each half, and the split in reports and run summaries; on small files, 
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -11,6 +12,8 @@ from trip_jax.data import curated
 from trip_jax.evaluation import reports, run_summary
 from trip_jax.data import readers
 from trip_jax.data.readers import TripDataError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def marker_record(first: list[str], second: list[str]) -> dict:
@@ -167,3 +170,12 @@ def test_run_summary_splits_by_the_marker(tmp_path, data, fx, monkeypatch):
     assert run_summary.main([str(first), str(second), f"--out={tmp_path}",
                              f"--data_dir={data}"]) == 0
     assert "Curated and implicit" in (tmp_path / "summary.md").read_text()
+
+
+def test_run_summary_reads_committed_runs_of_removed_options(data_dir):
+    # The preset's runs before issue 24's ablation (state_transitions=True): their configs no
+    # longer migrate, their reports still summarise.
+    runs = sorted((REPO / "results/minilm_coherent").glob("seed*"))
+    summary = run_summary.summarize(runs, data_dir)
+    assert [r["seed"] for r in summary["runs"]] == [22, 23, 24]
+    assert summary["spread"]["coherent"]["accuracy"]["mean"] == pytest.approx(0.772, abs=5e-4)

@@ -127,6 +127,21 @@ def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     return nest(flat)
 
 
+def read_key(values: Mapping[str, Any], dotted: str, where: str) -> Any:
+    """One key (current dotted name) of a saved config of any version, without migrating the
+    rest: readable also where another key holds a value this version refuses (a summary of
+    an old run's reports needs its seed, not its model). ``ConfigError`` if it has no such key."""
+    flat = flatten(values)
+    version = flat.get("config_version", 0)
+    for step in (STEPS[v] for v in range(version, CONFIG_VERSION) if v in STEPS):
+        for old, new in step.renamed.items():
+            if old in flat:
+                flat[new] = flat.pop(old)
+    if dotted not in flat:
+        raise ConfigError(f"{where}: config key {dotted} is missing (config_version {version})")
+    return flat[dotted]
+
+
 def values_of(values: Mapping[str, Any], dotted: str) -> Any:
     """The value of one dotted key of nested ``values``."""
     return flatten(values)[dotted]

@@ -49,7 +49,7 @@ def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, 
     scores = report["metrics"]
     log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     config_path = run / "config.json"
-    seed = (migrate.migrate(json.loads(config_path.read_text()), str(config_path))["train"]["seed"]
+    seed = (migrate.read_key(json.loads(config_path.read_text()), "train.seed", str(config_path))
             if config_path.exists() else None)
     methods = sorted({k.split("/")[0] for k in scores if k.endswith("/accuracy")}) or [
         scores.get("decoding", "reference")]
