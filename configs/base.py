@@ -80,6 +80,9 @@ PRESETS: dict[str, dict[str, object]] = {
         # gets its states under one name (trip_jax/evaluation/decoding.py).
         "decoding.state_threshold": 0.5,
         "decoding.alias_states": True,
+        # At the decoded conflict's two sentences, a state is asserted at probability >= 0.9
+        # only (chosen on the held-out slice: docs/results.md, "Verifiability levers").
+        "decoding.conflict_state_threshold": 0.9,
         # A 1-layer detector (the reference's 6 layers learn no conflict from few pairs).
         "model.tiered.detector_layers": 1,
         # Heads and detector start from scratch: a higher peak rate, warm-up and linear decay.
