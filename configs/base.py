@@ -23,8 +23,7 @@ preset and at most one loss preset, in any order: ``--config=configs/roberta.py:
 - Model preset (``PRESETS``): ``reference`` (the paper's model, trained and decoded as the
   paper did; the default of roberta, bert, deberta and tiny) or ``coherent`` (the improvements of
   this project, for any encoder; the default of minilm): every key it sets is listed in
-  ``PRESETS`` and its measured effect in ``docs/results.md``. ``coherent`` also makes ``all``
-  the default loss preset.
+  ``PRESETS`` and its measured effect in ``docs/results.md``.
 - Loss preset: a loss row of the paper's Table 2: ``omit_story`` (default, the paper's best),
   ``all``, ``omit_conflict`` or ``omit_states``.
 Any key can be overridden on the command line (``--config.train.learning_rate=2e-5``, also
@@ -92,15 +91,13 @@ PRESETS: dict[str, dict[str, object]] = {
         "train.selection": "smoothed",
     },
 }
-# The loss preset a model preset uses when the argument names none.
-PRESET_LOSSES: dict[str, str] = {"reference": DEFAULT_LOSS_PRESET, "coherent": "all"}
 
 
 def parse_argument(argument: str | None, default_mode: str, default_preset: str = "reference"
                    ) -> tuple[str, str, str]:
     """Splits the config argument ("exact", "all", "coherent,clean", ...) into (mode, model
-    preset, loss preset), filling in ``default_mode``, ``default_preset`` and that preset's
-    loss preset (``PRESET_LOSSES``)."""
+    preset, loss preset), filling in ``default_mode``, ``default_preset`` and
+    ``DEFAULT_LOSS_PRESET``."""
     kinds = {"mode": REFERENCE_MODES, "model preset": PRESETS, "loss preset": LOSS_PRESETS}
     chosen: dict[str, str] = {}
     for token in filter(None, (t.strip() for t in (argument or "").split(","))):
@@ -113,7 +110,7 @@ def parse_argument(argument: str | None, default_mode: str, default_preset: str 
         chosen[kind] = token
     preset = chosen.get("model preset", default_preset)
     return (chosen.get("mode", default_mode), preset,
-            chosen.get("loss preset", PRESET_LOSSES[preset]))
+            chosen.get("loss preset", DEFAULT_LOSS_PRESET))
 
 
 def get_key(config: ml_collections.ConfigDict, dotted: str) -> object:

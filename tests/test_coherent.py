@@ -27,7 +27,7 @@ def test_the_paper_configs_run_the_reference_and_minilm_the_coherent_preset():
     assert coherent.preset == "coherent"
     for dotted, value in base.PRESETS["coherent"].items():
         assert base.get_key(coherent, dotted) == value, dotted
-    assert (coherent.loss.conflict_weight, coherent.loss.story_weight) == (0.1, 0.1)  # "all"
+    assert (coherent.loss.conflict_weight, coherent.loss.story_weight) == (0.2, 0.0)  # omit_story
     # The reference model is one switch away, and the preset is one switch for any encoder.
     reference = minilm.get_config("reference")
     assert reference.decoding.method == "reference"

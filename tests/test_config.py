@@ -61,7 +61,6 @@ def test_schema_names_shared_with_other_modules_agree():
     assert ([f.name for f in dataclasses.fields(sections.BucketsConfig)]
             == [f.name for f in dataclasses.fields(features.Buckets)])
     assert features.Buckets(**dataclasses.asdict(sections.BucketsConfig()))
-    assert set(base.PRESETS) == set(base.PRESET_LOSSES)
 
 
 @pytest.mark.parametrize("section, values, message", [
