@@ -82,8 +82,6 @@ PRESETS: dict[str, dict[str, object]] = {
         # At the decoded conflict's two sentences, a state is asserted at probability >= 0.9
         # only (chosen on the held-out slice: docs/results.md, "Verifiability levers").
         "decoding.conflict_state_threshold": 0.9,
-        # A 1-layer detector (the reference's 6 layers learn no conflict from few pairs).
-        "model.tiered.detector_layers": 1,
         # Heads and detector start from scratch: a higher peak rate, warm-up and linear decay.
         "train.head_learning_rate": 2e-3,
         "train.schedule": "warmup_linear",
