@@ -10,13 +10,13 @@ Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data): one
 
   python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
 
-Expected result: test accuracy / consistency / verifiability 77.2 / 48.1 / 16.0 % (mean of seeds
-22-24; the spread, the wall time and why floating-point results differ between CPUs:
-docs/results.md, "Headline").
+Expected result: being measured (issue 24's five seeds, 22-26: docs/results.md, "Headline").
+Before the ablation removed four of its training options, the preset gave test accuracy /
+consistency / verifiability 77.2 / 48.1 / 26.8 % (seeds 22-24, results/minilm_coherent_cst09/).
 
 It runs the ``coherent`` preset (every key it sets: configs/base.py PRESETS; the measured effect
-of each: docs/results.md, "Ablation") with learning rate 1e-4, 4 epochs and prng_impl=rbg (faster
-dropout masks on CPU).
+of each: docs/results.md, "Ablation of the preset's training options") with learning rate 1e-4,
+4 epochs and prng_impl=rbg (faster dropout masks on CPU).
 
 ``configs/minilm.py:reference`` runs the paper's model on MiniLM (lr 5e-5, 10 epochs; its runs:
 docs/results.md). ``:exact`` switches to the original implementation's step (docs/exact-mode.md).
