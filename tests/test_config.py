@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from configs import base
+from configs import base, minilm
 from trip_jax import cli, main
 from trip_jax.data import layouts, protocol
 from trip_jax.models import builders
@@ -109,10 +109,10 @@ def test_every_committed_old_config_migrates_keeping_its_values_or_names_what_wa
         return
     new = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
     assert list(new) == list(sections.KEYS)
-    assert "config_version" not in old and new["config_version"] == sections.CONFIG_VERSION
+    assert new["config_version"] == sections.CONFIG_VERSION
     gone = {key for step in migrate.STEPS.values() for key in (*step.removed, *step.dropped)}
-    assert {k: new[k] for k in old if k not in gone} == {
-        k: v for k, v in old.items() if k not in gone}
+    assert {k: new[k] for k in old if k not in gone | {"config_version"}} == {
+        k: v for k, v in old.items() if k not in gone | {"config_version"}}
     for key in set(new) - set(old) - {"config_version"}:
         # Added later: the value that behaves as the code did before the key existed.
         expected = migrate.STEPS[0].added.get(key, sections.KEYS[key].default)
@@ -120,6 +120,14 @@ def test_every_committed_old_config_migrates_keeping_its_values_or_names_what_wa
 
 
 def test_old_configs_read_as_the_run_was_configured():
+    # The pruned preset's seed 22 (issue 24): configs/minilm.py as is, but for the compilation
+    # cache and where the weights were installed.
+    path = REPO / "results/minilm_coherent_pruned/seed22/config.json"
+    migrated = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
+    expected = migrate.flatten(json.loads(minilm.get_config().to_json()))
+    local = ("train.compilation_cache_dir", "model.encoder")
+    assert {k: v for k, v in migrated.items() if k not in local} == {
+        k: v for k, v in expected.items() if k not in local}
     # Runs of the coherent preset with state_transitions (before issue 24's ablation) are refused
     # as a whole, but one key (a summary needs the seed) still reads.
     refused = [p for p in OLD_CONFIGS if removed_values(migrate.flatten(json.loads(p.read_text())))]
