@@ -100,9 +100,7 @@ def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: config_version {version!r} is not one this trip_jax reads "
                           f"(0 to {CONFIG_VERSION}); use the trip_jax that wrote it")
     for step in (STEPS[v] for v in range(version, CONFIG_VERSION)):
-        for old, new in step.renamed.items():
-            if old in flat:
-                flat[new] = flat.pop(old)
+        _rename(flat, step)
         for key, kept in step.removed.items():
             if key in flat and flat.pop(key) != kept:
                 raise ConfigError(f"{where}: {key}={values_of(values, key)!r} was removed; only "
@@ -133,13 +131,18 @@ def read_key(values: Mapping[str, Any], dotted: str, where: str) -> Any:
     an old run's reports needs its seed, not its model). ``ConfigError`` if it has no such key."""
     flat = flatten(values)
     version = flat.get("config_version", 0)
-    for step in (STEPS[v] for v in range(version, CONFIG_VERSION) if v in STEPS):
-        for old, new in step.renamed.items():
-            if old in flat:
-                flat[new] = flat.pop(old)
+    for step in (STEPS[v] for v in range(version, CONFIG_VERSION)):
+        _rename(flat, step)
     if dotted not in flat:
         raise ConfigError(f"{where}: config key {dotted} is missing (config_version {version})")
     return flat[dotted]
+
+
+def _rename(flat: dict[str, Any], step: Step) -> None:
+    """Moves the keys ``step`` renamed to their new names, in place."""
+    for old, new in step.renamed.items():
+        if old in flat:
+            flat[new] = flat.pop(old)
 
 
 def values_of(values: Mapping[str, Any], dotted: str) -> Any:
