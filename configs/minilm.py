@@ -10,9 +10,10 @@ Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data): one
 
   python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
 
-Expected result: being measured (issue 24's five seeds, 22-26: docs/results.md, "Headline").
-Before the ablation removed four of its training options, the preset gave test accuracy /
-consistency / verifiability 77.2 / 48.1 / 26.8 % (seeds 22-24, results/minilm_coherent_cst09/).
+Expected result: test accuracy / consistency / verifiability 78.5 / 50.3 / 28.1 % (mean of seeds
+22-26; min-max 76.6-80.3 / 49.3-51.0 / 26.2-31.1), state F1 65.3 / 68.0, about 14 minutes a run
+on a 2-core CPU (results/minilm_coherent_pruned/; the curated split and why floating-point
+results differ between CPUs: docs/results.md, "Headline").
 
 It runs the ``coherent`` preset (every key it sets: configs/base.py PRESETS; the measured effect
 of each: docs/results.md, "Ablation of the preset's training options") with learning rate 1e-4,
