@@ -1,7 +1,8 @@
 """Command line entry: ``python -m trip_jax.main --config=configs/minilm.py --workdir=DIR``.
 
 ``--mode=train`` (default) trains, or resumes, in the workdir and then scores the best
-checkpoints on test. Config keys are overridden with ``--config.SECTION.KEY=VALUE``; a misspelt
+checkpoints on test; ``--mode=cross_validate`` trains once per fold of dev in ``DIR/foldF`` and
+writes ``DIR/cv_summary.{json,md}`` (``trip_jax.cross_validate``). Config keys are overridden with ``--config.SECTION.KEY=VALUE``; a misspelt
 key is an error. Multi-process runs (SLURM, Cloud TPU, explicit TRIP_* variables) are joined
 first (``trip_jax.runtime.distributed``). Other modes, on a trained workdir:
 
@@ -40,7 +41,7 @@ from absl import app, flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from trip_jax import cli, train
+from trip_jax import cli, cross_validate, train
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate, predict, random_baseline
 from trip_jax.runtime import distributed, jax_setup, sharding, workdir_lock
@@ -82,10 +83,13 @@ def _random_baseline(config, workdir: str) -> dict[str, Any]:
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[[Any, str], Any]] = {
     "train": train.train_and_evaluate,
+    "cross_validate": cross_validate.cross_validate,
     "evaluate": _evaluate,
     "predict": _predict,
     "random_baseline": _random_baseline,
 }
+# The modes that train (and check the config against the devices first).
+TRAINING_MODES = ("train", "cross_validate")
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError,
@@ -122,7 +126,7 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
 # when the flags are parsed.
 CONFIG_CHOICES: dict[str, tuple] = checks.CHOICES
 # Every split name some protocol has (which ones a run has depends on its protocol).
-SPLIT_NAMES = (*readers.SPLITS, "dev_holdout")
+SPLIT_NAMES = (*readers.SPLITS, "dev_holdout", "dev_fold")
 
 
 def check_flags(values: flags.FlagValues) -> None:
@@ -214,11 +218,11 @@ def main(argv) -> None:
         logging.set_verbosity(logging.WARNING)  # only the answers and the problems
     with _start_up():
         distributed.initialize_distributed()
-        if FLAGS.mode == "train":  # the other modes use the mesh their checkpoint was saved with
+        if FLAGS.mode in TRAINING_MODES:  # the others use the mesh their checkpoint was saved with
             check_devices(FLAGS.config, jax.device_count())
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
                  jax.process_count(), jax.local_devices())
-    if FLAGS.mode == "train":
+    if FLAGS.mode in TRAINING_MODES:
         logging.info("config: the resolved config goes to %s (--show_config prints it)",
                      epath.Path(FLAGS.workdir) / checkpoints.CONFIG_FILE)
     if FLAGS.show_config and jax.process_index() == 0:

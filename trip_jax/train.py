@@ -150,6 +150,8 @@ def _train_and_evaluate(config, workdir: epath.Path, decoding_config, started: f
                                 (splits.selection_name, data.selection,
                                  config.train.eval_batch_size),
                                 ("test", data.test, config.train.eval_batch_size)):
+        if not encoded:  # dev_cv reads no test, dev_all has no selection split
+            continue
         logging.info("layout of %s: %s", name,
                      input_pipeline.packing_summary(encoded, data.layout, size))
     hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
@@ -214,7 +216,7 @@ class TrainLoop:
         self.selection = evaluate.Evaluator(
             trainer.eval_step, data.splits.selection, data.selection, data.layout,
             setup.config.train.eval_batch_size, trainer.mesh,
-            decoding_config=setup.decoding)
+            decoding_config=setup.decoding) if data.selection else None
         self.bar = None
 
     def run(self) -> None:
@@ -281,10 +283,19 @@ class TrainLoop:
         self.bar.set_postfix(loss=f"{means['loss/total']:.4f}", refresh=False)
 
     def select(self) -> None:
-        """Scores the selection split, logs it and saves the best checkpoints it improves."""
+        """Scores the selection split, logs it and saves the best checkpoints it improves;
+        without a selection split (dev_all), saves the parameters as the selected checkpoint."""
         setup, step = self.setup, self.step
-        name = setup.data.splits.selection_name
-        scalars = self.selection.run(self.state.params).scalars
+        if self.selection is None:
+            setup.ckpts.save_final(step, self.state.params, setup.meta(step))
+            return
+        splits = setup.data.splits
+        name = splits.selection_name
+        evaluation = self.selection.run(self.state.params)
+        scalars = evaluation.scalars
+        if splits.protocol == "dev_cv":  # the held-out fold's tiers, curated and implicit
+            scalars.update(evaluate.marker_scalars(
+                evaluate.marker_split(splits, name, splits.selection, evaluation.records)))
         train_config = setup.config.train
         self.history = [*self.history, {k: scalars[k] for k in ("consistency", "verifiability")}
                         ][-train_config.selection_window:]
@@ -310,13 +321,17 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
     training mesh, so the trainer's eval step, compiled for those shardings, is reused.
     """
     config, data, splits = setup.config, setup.data, setup.data.splits
+    if not data.test:
+        logging.info("protocol %s: test is not scored (the held-out fold's scores are in "
+                     "metrics.jsonl)", splits.protocol)
+        return {}
     tester = evaluate.Evaluator(
         setup.trainer.eval_step, splits.test, data.test, data.layout,
         config.train.eval_batch_size, setup.trainer.mesh, explain=True,
         decoding_config=setup.decoding)
     results, scored_steps = {}, {}
-    for kind, subdir in ((checkpoints.SELECTED, ""),
-                         (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)):
+    kinds = [(checkpoints.SELECTED, ""), (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)]
+    for kind, subdir in kinds[:1] if not data.selection else kinds:  # dev_all: the last step
         restored = checkpoints.restore_for_eval(str(setup.workdir), kind,
                                                 mesh=setup.trainer.mesh, config=config)
         if restored.step not in scored_steps:

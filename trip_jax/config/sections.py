@@ -19,14 +19,14 @@ from typing import Any, Literal
 
 from trip_jax.data import schema
 from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_INT, REGEX, Rule,
-                                    Section, above, interval, keys, option)
+                                    Section, above, at_least, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
 CONFIG_VERSION = 3
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
-Protocol = Literal["standard", "dev_train", "auto"]
+Protocol = Literal["standard", "dev_train", "dev_cv", "dev_all", "auto"]
 EntityPadding = Literal["bucket", "data_max"]
 TokenTypes = Literal["segments", "zeros"]
 LayoutName = Literal["packed_tokens", "dense"]
@@ -68,10 +68,16 @@ class DataConfig(Section):
     format: DataFormat = option("", "the files' format ('': detected from the files)")
     protocol: Protocol = option(
         "auto", "standard: train / select on dev / score on test; dev_train: train on dev "
-        "minus a held-out slice, score on test; auto: standard when a train split exists")
+        "minus a held-out slice, score on test; dev_cv: train on dev minus fold data.fold, "
+        "score that fold every epoch, never test; dev_all: train on all of dev, the last step "
+        "is the model, score on test; auto: standard when a train split exists")
     holdout_fraction: float = option(0.2, "dev_train: share of dev pairs held out for selection",
                                      interval("(0, 1)"))
     holdout_seed: int = option(0, "dev_train: seed of the held-out slice", NON_NEGATIVE)
+    folds: int = option(5, "dev_cv: K, the folds of dev (grouped by plausible story)",
+                        at_least(2))
+    fold: int = option(0, "dev_cv: the fold held out (0 .. folds - 1); the others train",
+                       NON_NEGATIVE)
     max_pairs: int = option(0, "use only the first N pairs of each split (0: all)", NON_NEGATIVE)
     max_sentences: int = option(7, "S, the sentence slots of a story", POSITIVE_INT)
     max_length: int = option(0, "cut rows longer than this, with a report (0: never cut)",

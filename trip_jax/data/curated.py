@@ -30,9 +30,10 @@ PairKey = tuple[tuple[str, ...], tuple[str, ...]]
 
 
 def source_split(split: str, protocol: str) -> str:
-    """The data split a protocol split was read from: "dev_holdout" and, under ``dev_train``,
-    "train" come from "dev"; every other split is its own."""
-    if split == "dev_holdout" or (split == "train" and protocol == "dev_train"):
+    """The data split a protocol split was read from: "dev_holdout", "dev_fold" and, under the
+    dev protocols, "train" come from "dev"; every other split is its own."""
+    if split in ("dev_holdout", "dev_fold") or (
+            split == "train" and protocol in ("dev_train", "dev_cv", "dev_all")):
         return "dev"
     return split
 

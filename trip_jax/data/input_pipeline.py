@@ -62,7 +62,7 @@ def prepare_data(config) -> RunData:
     splits = load_splits(config.data)
     for name, pairs in (("train", splits.train), ("selection", splits.selection),
                         ("test", splits.test)):
-        if not pairs:
+        if not pairs and not _empty_by_design(splits.protocol, name):
             raise ValueError(f"protocol {splits.protocol}: the {name} split is empty")
     everything = splits.train + splits.selection + splits.test
     tokenizer = tokenizers.build_tokenizer(config.model, features.vocabulary_texts(everything))
@@ -70,6 +70,12 @@ def prepare_data(config) -> RunData:
     return RunData(splits, tokenizer, layout, encode(splits.train, tokenizer, layout),
                    encode(splits.selection, tokenizer, layout),
                    encode(splits.test, tokenizer, layout))
+
+
+def _empty_by_design(protocol_name: str, split: str) -> bool:
+    """Whether ``protocol_name`` leaves ``split`` empty: dev_cv never reads test, dev_all has no
+    selection split."""
+    return (protocol_name, split) in (("dev_cv", "test"), ("dev_all", "selection"))
 
 
 def batch_stream(encoded: Sequence[EncodedPair], layout: Layout, batch_size: int, *,
@@ -97,7 +103,9 @@ def num_batches(num_pairs: int, batch_size: int) -> int:
 
 def split_names(splits: protocol.ProtocolSplits) -> dict[str, list[StoryPair]]:
     """The splits of a protocol by name: "train", the selection split's name, "test"."""
-    return {"train": splits.train, splits.selection_name: splits.selection, "test": splits.test}
+    named = {"train": splits.train, splits.selection_name: splits.selection, "test": splits.test}
+    return {name: pairs for name, pairs in named.items()
+            if name and not _empty_by_design(splits.protocol, name)}
 
 
 def split_pairs(splits: protocol.ProtocolSplits, split: str) -> list[StoryPair]:

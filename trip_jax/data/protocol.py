@@ -5,6 +5,9 @@
   select on that slice, score on test. The slice is a fixed share of dev's *plausible stories*,
   drawn with ``holdout_seed``; every pair built from a held-out plausible story is held out, so no
   story is seen in training and in selection.
+- ``dev_cv``: K-fold cross-validation on dev (``cv_folds``): train on every fold but
+  ``fold``, score that fold after every epoch; test is never read.
+- ``dev_all``: train on all of dev, no selection (the last step is the model), score on test.
 - ``auto``: ``standard`` when the data has a train split, else ``dev_train`` (logged).
 
 The resolved protocol name goes into every report.
@@ -13,6 +16,7 @@ The resolved protocol name goes into every report.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -31,11 +35,11 @@ PROTOCOLS: tuple[str, ...] = choices_of(Protocol)  # data.protocol
 class ProtocolSplits:
     """The pairs of one protocol, and the files they came from (for report hashes)."""
 
-    protocol: str                   # resolved: "standard" or "dev_train"
+    protocol: str                   # resolved: "standard", "dev_train", "dev_cv" or "dev_all"
     train: list[StoryPair]
-    selection: list[StoryPair]
-    test: list[StoryPair]
-    selection_name: str             # "dev" or "dev_holdout"
+    selection: list[StoryPair]      # empty under dev_all
+    test: list[StoryPair]           # empty under dev_cv
+    selection_name: str             # "dev", "dev_holdout", "dev_fold" or "" (dev_all)
     files: dict[str, str]           # {split: path} of the files read
 
 
@@ -60,8 +64,40 @@ def holdout_split(pairs: Sequence[StoryPair], fraction: float, seed: int
     return kept, out
 
 
+def _plausible_story(pair: StoryPair) -> tuple[str, ...]:
+    """The sentences of a pair's plausible story: the key pairs are grouped by."""
+    return tuple(pair.stories[pair.label].sentences)
+
+
+def cv_folds(pairs: Sequence[StoryPair], folds: int) -> list[int]:
+    """The fold (0 .. folds - 1) of every pair, grouped by plausible story and fixed by the data.
+
+    The distinct plausible stories are ordered by the SHA-256 of their sentences joined by
+    newlines; the story of rank r and every pair built from it go to fold r % folds. No random
+    draw and no file order is involved, so every machine and every pair order gets the same folds.
+    """
+    digests = {story: hashlib.sha256("\n".join(story).encode("utf-8")).hexdigest()
+               for story in map(_plausible_story, pairs)}
+    if not 2 <= folds <= len(digests):
+        raise ValueError(f"dev_cv: data.folds must be between 2 and the {len(digests)} plausible "
+                         f"stories of the {len(pairs)} pairs, got {folds}")
+    rank = {story: r for r, story in enumerate(sorted(digests, key=digests.get))}
+    return [rank[_plausible_story(p)] % folds for p in pairs]
+
+
+def cv_split(pairs: Sequence[StoryPair], folds: int, fold: int
+             ) -> tuple[list[StoryPair], list[StoryPair]]:
+    """(the pairs of every other fold, the pairs of ``fold``) under ``cv_folds``; pair order kept."""
+    if not 0 <= fold < folds:
+        raise ValueError(f"dev_cv: data.fold must be in 0 .. {folds - 1} (data.folds={folds}), "
+                         f"got {fold}")
+    of = cv_folds(pairs, folds)
+    return ([p for p, f in zip(pairs, of) if f != fold],
+            [p for p, f in zip(pairs, of) if f == fold])
+
+
 def resolve_protocol(protocol: str, available: Sequence[str]) -> str:
-    """Returns "standard" or "dev_train" for a configured protocol and the splits found."""
+    """Returns the protocol to run ("auto" resolved) for a configured one and the splits found."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOLS}")
     if protocol == "auto":
@@ -85,10 +121,16 @@ def load_protocol_splits(data_config) -> ProtocolSplits:
     def load(split):
         return readers.load_split(data_dir, split, format=fmt)[:limit]
 
-    test = load("test")
+    test = [] if protocol == "dev_cv" else load("test")
     if protocol == "standard":
         return ProtocolSplits("standard", load("train"), load("dev"), test, "dev",
                               {s: files[s] for s in ("train", "dev", "test")})
+    if protocol == "dev_cv":  # test is never read: choices made on CV never see it
+        train, selection = cv_split(load("dev"), data_config.folds, data_config.fold)
+        return ProtocolSplits("dev_cv", train, selection, [], "dev_fold", {"dev": files["dev"]})
+    if protocol == "dev_all":
+        return ProtocolSplits("dev_all", load("dev"), [], test, "",
+                              {s: files[s] for s in ("dev", "test")})
     train, selection = holdout_split(load("dev"), data_config.holdout_fraction,
                                      data_config.holdout_seed)
     return ProtocolSplits("dev_train", train, selection, test, "dev_holdout",

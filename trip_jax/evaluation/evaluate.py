@@ -289,6 +289,16 @@ def write_checkpoint_report(out_dir: str | os.PathLike, split: str,
                                 by_marker=marker_split(splits, split, pairs, evaluation.records))
 
 
+def marker_scalars(by_marker: Mapping[str, Any]) -> dict[str, float]:
+    """The tiers of ``marker_split``'s halves as flat scalars ("curated/accuracy", ...,
+    "implicit/num_pairs"); none when the marker was not found."""
+    if not by_marker.get("found"):
+        return {}
+    return {f"{half}/{key}": float(value) for half in curated.SUBSETS
+            for key, value in by_marker[half].items()
+            if key != "by_decoding" and value is not None}
+
+
 def marker_split(splits: protocol.ProtocolSplits, split: str, pairs: Sequence[StoryPair],
                  records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``curated.marker_split`` of one protocol split's records, the marker file read from the

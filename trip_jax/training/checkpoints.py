@@ -283,6 +283,8 @@ class RunCheckpoints:
             return None
         meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
         verify_meta(meta, str(epath.Path(manager.directory) / str(step)))
+        if not meta["metrics"]:  # saved by save_final: ranks below any scored checkpoint
+            return None
         return ranking_score(kind, meta["metrics"])
 
     def restore_latest(self, abstract_params, abstract_opt_state, param_shardings,
@@ -360,6 +362,15 @@ class RunCheckpoints:
             self._best[kind] = score
             improved.append(kind)
         return improved
+
+    def save_final(self, step: int, params, meta: dict) -> None:
+        """Saves ``params`` as the selected checkpoint whatever its scores (protocols without a
+        selection split: the last step is the model)."""
+        manager = self.managers[SELECTED]
+        if step not in manager.all_steps():
+            manager.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                meta=ocp.args.JsonSave(with_checksums(meta, params=params))))
 
     def close(self) -> None:
         """Waits for pending saves and releases the managers."""

@@ -1,0 +1,111 @@
+"""Cross-validation summaries: the held-out fold's metrics of every fold, per epoch, over folds.
+
+``summarise(fold_logs)`` takes each fold's ``metrics.jsonl`` records and returns, for every epoch
+and every numeric metric of the held-out split ("dev_fold": the tiers of both decodings, state
+F1s, losses, and the curated / implicit halves), the mean, the sample standard deviation
+(ddof 1), min, max and the number of folds; ``write_summary`` writes it as ``cv_summary.json`` and
+``cv_summary.md``. Pure Python and numpy: nothing here knows about JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+HELD_OUT = "dev_fold"
+SUMMARY_STEM = "cv_summary"
+_NOT_METRICS = ("step", "epoch", "time", "split", "checkpoint", "selection_score")
+# The columns of the Markdown table, in order (each as mean ± std (min-max) in %).
+TABLE_METRICS = ("accuracy", "consistency", "verifiability", "consistency+verifiability",
+                 "precondition_f1", "effect_f1", "curated/accuracy", "curated/consistency",
+                 "curated/verifiability", "implicit/accuracy", "implicit/consistency",
+                 "implicit/verifiability")
+
+
+def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of one ``metrics.jsonl``; ValueError naming the file and line when one is
+    not JSON."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{line_no}: not a JSON record ({err.msg})") from None
+    return records
+
+
+def held_out_by_epoch(records: Sequence[Mapping[str, Any]]) -> dict[float, dict[str, float]]:
+    """{epoch: the numeric metrics of the held-out evaluation at that epoch} of one fold's log;
+    "consistency+verifiability" added (the sum the preset's choices are judged by)."""
+    out = {}
+    for record in records:
+        if record.get("split") != HELD_OUT:
+            continue
+        values = {k: float(v) for k, v in record.items()
+                  if k not in _NOT_METRICS and isinstance(v, (int, float))}
+        if "consistency" in values and "verifiability" in values:
+            values["consistency+verifiability"] = values["consistency"] + values["verifiability"]
+        out[round(float(record["epoch"]), 4)] = values
+    return out
+
+
+def summarise(fold_logs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """{"folds": [fold numbers], "epochs": {epoch: {metric: {mean, std, min, max, n}}}} over the
+    folds' held-out evaluations; an epoch or metric missing from a fold counts the folds that
+    have it (``n``)."""
+    per_fold = {fold: held_out_by_epoch(records) for fold, records in sorted(fold_logs.items())}
+    epochs = sorted({e for by_epoch in per_fold.values() for e in by_epoch})
+    summary: dict[str, Any] = {"folds": sorted(per_fold), "epochs": {}}
+    for epoch in epochs:
+        rows = [by_epoch[epoch] for by_epoch in per_fold.values() if epoch in by_epoch]
+        names = sorted({k for row in rows for k in row})
+        summary["epochs"][epoch] = {name: _stats([row[name] for row in rows if name in row])
+                                    for name in names}
+    return summary
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1
+            else 0.0, "min": float(array.min()), "max": float(array.max()), "n": len(array)}
+
+
+def markdown(summary: Mapping[str, Any], title: str) -> str:
+    """The summary as a Markdown table: one row per epoch, ``TABLE_METRICS`` as
+    mean ± std (min-max) in %."""
+    lines = [f"# {title}", "",
+             f"Held-out fold scores over folds {summary['folds']} (mean ± sample std, min-max; "
+             "%). Every metric of every epoch: cv_summary.json.", "",
+             "| epoch | folds | " + " | ".join(TABLE_METRICS) + " |",
+             "|---" * (len(TABLE_METRICS) + 2) + "|"]
+    for epoch, metrics in summary["epochs"].items():
+        cells = []
+        for name in TABLE_METRICS:
+            s = metrics.get(name)
+            cells.append("–" if s is None else
+                         f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f} "
+                         f"({100 * s['min']:.1f}-{100 * s['max']:.1f})")
+        n = max((s["n"] for s in metrics.values()), default=0)
+        lines.append(f"| {float(epoch):g} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any], title: str
+                  ) -> dict[str, str]:
+    """Writes ``cv_summary.json`` and ``cv_summary.md`` in ``out_dir``; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, SUMMARY_STEM + ".json"),
+             "markdown": os.path.join(out_dir, SUMMARY_STEM + ".md")}
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump({**summary, "epochs": {str(e): m for e, m in summary["epochs"].items()}}, f,
+                  indent=1, sort_keys=True)
+        f.write("\n")
+    with open(paths["markdown"], "w", encoding="utf-8") as f:
+        f.write(markdown(summary, title))
+    return paths
