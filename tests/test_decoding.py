@@ -358,3 +358,26 @@ def test_the_explanations_states_need_the_conflict_state_threshold():
     assert plain.eff_pred[0, 1, 1, 1, OPEN] == TRUE and plain.pre_pred[0, 1, 1, 3, OPEN] == TRUE
     # Only the evidence's effects and the breakpoint's preconditions are read that way.
     np.testing.assert_array_equal(decoded.pre_pred[0, :, :, :3], plain.pre_pred[0, :, :, :3])
+
+
+def test_an_improbable_contradiction_leaves_the_states_as_the_heads_read_them():
+    eff = confident({(1, 0, 1, POWER): TRUE})
+    pre = confident({})
+    # The flip's precondition at sentence 3 is believed at 0.3 only: exp s(c) is about 0.3.
+    pre[1, 0, 3, POWER, :3] = np.log([0.6, 0.3, 0.1])
+    arrays = pair(pre_logits=pre, eff_logits=eff)
+    backed = decoding.decode(arrays, COHERENT)
+    found = assert_backed(backed)
+    assert (found.entity, found.evidence, found.breakpoint, found.attribute) == (0, 1, 3, POWER)
+    assert backed.pre_pred[0, 1, 0, 3, POWER] == FALSE
+    for threshold, writes in ((0.2, True), (0.5, False)):
+        decoded = decoding.decode(arrays, dataclasses.replace(COHERENT,
+                                                              backing_threshold=threshold))
+        # The same story and conflicting pair either way.
+        assert decoded.story_pred[0] == backed.story_pred[0]
+        np.testing.assert_array_equal(decoded.conflict_prob, backed.conflict_prob)
+        assert (decoded.pre_pred[0, 1, 0, 3, POWER] == FALSE) == writes
+        assert (decoded.contradictions[0] is not None) == writes
+    assert decoded.pre_pred[0, 1, 0, 3, POWER] == 0  # the head's own argmax
+    with pytest.raises(ValueError, match="backing_threshold"):
+        DecodingConfig(method="coherent", backing_threshold=1.0)

@@ -61,3 +61,44 @@ def test_splits_of_the_shared_data(data_dir):
     config.protocol = "standard"
     with pytest.raises(readers.TripDataError, match="no 'train' split"):
         protocol.load_protocol_splits(config)
+
+
+def test_cv_folds_group_plausible_stories_and_ignore_order(dev):
+    folds = protocol.cv_folds(dev, 5)
+    assert sorted(set(folds)) == [0, 1, 2, 3, 4]
+    # Every pair of one plausible story sits in one fold.
+    fold_of_story = {}
+    for pair, fold in zip(dev, folds):
+        assert fold_of_story.setdefault(plausible(pair), fold) == fold
+    # Balanced by stories (ranks r % 5), so by pairs within a few.
+    sizes = [folds.count(f) for f in range(5)]
+    assert sum(sizes) == len(dev) and max(sizes) - min(sizes) <= 15
+    # Fixed by the data: the same pair gets the same fold in any order.
+    reversed_folds = protocol.cv_folds(dev[::-1], 5)
+    assert reversed_folds[::-1] == folds
+
+
+def test_cv_split_and_its_bad_values(dev):
+    train, held = protocol.cv_split(dev, 5, 2)
+    assert len(train) + len(held) == len(dev)
+    assert {plausible(p) for p in train}.isdisjoint(plausible(p) for p in held)
+    assert [p.pair_id for p in held] == [p.pair_id for p, f in
+                                         zip(dev, protocol.cv_folds(dev, 5)) if f == 2]
+    every = [p.pair_id for f in range(5) for p in protocol.cv_split(dev, 5, f)[1]]
+    assert sorted(every) == sorted(p.pair_id for p in dev)  # each pair held out once
+    with pytest.raises(ValueError, match="data.fold must be in 0 .. 4"):
+        protocol.cv_split(dev, 5, 5)
+    with pytest.raises(ValueError, match="data.folds must be between 2 and the 152"):
+        protocol.cv_folds(dev, 1)
+
+
+def test_cv_and_dev_all_splits_of_the_shared_data(data_dir):
+    config = ConfigDict(dict(data_dir=data_dir, format="", protocol="dev_cv", folds=5, fold=1,
+                             holdout_fraction=0.2, holdout_seed=0, max_pairs=0))
+    splits = protocol.load_protocol_splits(config)
+    assert splits.selection_name == "dev_fold" and splits.test == []
+    assert set(splits.files) == {"dev"}  # test is never read
+    assert len(splits.train) + len(splits.selection) == 322
+    config.protocol = "dev_all"
+    splits = protocol.load_protocol_splits(config)
+    assert (len(splits.train), len(splits.selection), len(splits.test)) == (322, 0, 351)

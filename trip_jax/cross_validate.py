@@ -4,18 +4,26 @@
 ``trip_jax.data.protocol.cv_folds``) in ``WORKDIR/foldF``, one fold after another, skipping the
 folds already finished and resuming an interrupted one; then writes the held-out scores of every
 epoch over the folds (``trip_jax.evaluation.cv_summary``) as ``WORKDIR/cv_summary.{json,md}``.
-Test is never read.
+``sweep_decoding(config, workdir, key, values)`` scores each fold's last checkpoint on its
+held-out fold under every value of one decoding key (the model runs once per fold) and writes
+``WORKDIR/cv_sweep.KEY.{json,md}``. Test is never read.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from typing import Any
 
 from absl import logging
 
-from trip_jax import train
-from trip_jax.evaluation import cv_summary
+from trip_jax import cli, train
+from trip_jax.config import checks
+from trip_jax.config.sections import KEYS
+from trip_jax.data import input_pipeline
+from trip_jax.evaluation import cv_summary, decoding, evaluate, metrics
+from trip_jax.training import checkpoints
 from trip_jax.training.metric_log import METRICS_FILE
 
 FOLD_DIR = "fold{fold}"
@@ -55,4 +63,87 @@ def cross_validate(config, workdir: str) -> dict[str, Any]:
                  "(means); %s", folds, last["accuracy"]["mean"], last["consistency"]["mean"],
                  last["verifiability"]["mean"], written["markdown"])
     print(f"wrote {written['markdown']} and {os.path.basename(written['json'])}")
+    return summary
+
+
+def parse_sweep(text: str, config) -> tuple[str, list[Any]]:
+    """``KEY=V1,V2,...`` (a ``decoding`` key, its values) -> ("decoding.KEY", typed values);
+    ``cli.UsageError`` naming the key or value that is not allowed."""
+    name, _, listed = text.partition("=")
+    dotted = f"decoding.{name.strip().removeprefix('decoding.')}"
+    if dotted not in KEYS or not listed.strip():
+        decoding_keys = [k.removeprefix("decoding.") for k in KEYS if k.startswith("decoding.")]
+        raise cli.UsageError(f"--sweep: expected KEY=V1,V2,... with KEY one of "
+                             f"{', '.join(decoding_keys)}; got {text!r}")
+    kind = type(KEYS[dotted].default)
+    values = []
+    for raw in (v.strip() for v in listed.split(",")):
+        value = _typed(raw, kind)
+        problem = f"a {kind.__name__}" if value is None else KEYS[dotted].problem(value)
+        if problem:
+            raise cli.UsageError("--sweep: " + checks.bad_value(dotted, raw, problem))
+        values.append(value)
+    return dotted, values
+
+
+def _typed(raw: str, kind: type) -> Any:
+    """``raw`` as a value of ``kind`` (bool: true/false/1/0), None when it is not one."""
+    if kind is bool:
+        return {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
+    try:
+        return kind(raw)
+    except ValueError:
+        return None
+
+
+def _fold_outputs(fold_dir: str):
+    """(the decoding config, the eval-step outputs, the pairs) of a fold's last checkpoint on
+    its held-out fold."""
+    restored = checkpoints.restore_for_eval(fold_dir, checkpoints.LATEST)
+    splits = input_pipeline.load_splits(restored.config.data)
+    evaluator = evaluate.Evaluator.for_checkpoint(restored, splits.selection, restored.config,
+                                                  splits=splits)
+    base = decoding.DecodingConfig.from_mapping(restored.config.decoding)
+    return base, evaluator.predict(restored.params).arrays, splits
+
+
+def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict[str, Any]:
+    """Scores every fold's last checkpoint under each value of ``dotted`` (a decoding key), the
+    other decoding keys as the fold was trained with; writes ``WORKDIR/cv_sweep.KEY.{json,md}``
+    and returns {"key", "folds", "values": {value: ``cv_summary.over_folds``}}."""
+    key = dotted.removeprefix("decoding.")
+    rows: dict[Any, list[dict[str, float]]] = {value: [] for value in values}
+    folds = list(range(config.data.folds))
+    for fold in folds:
+        fold_dir = fold_workdir(workdir, fold)
+        if not finished(fold_dir):
+            raise checkpoints.CheckpointError(f"--sweep: fold {fold} has not finished ({fold_dir})")
+        base, arrays, splits = _fold_outputs(fold_dir)
+        for value in values:
+            scores, _, outcomes = evaluate.decoded_scores(
+                arrays, dataclasses.replace(base, **{key: value}))
+            chosen = outcomes[base.method]
+            records = [{"pair_id": splits.selection[int(i)].pair_id,
+                        **metrics.outcome_record(chosen, n)}
+                       for n, i in enumerate(arrays["pair_index"])]
+            row = evaluate.scalar_metrics(scores)
+            row.update(evaluate.marker_scalars(evaluate.marker_split(
+                splits, splits.selection_name, splits.selection, records)))
+            row["consistency+verifiability"] = row["consistency"] + row["verifiability"]
+            rows[value].append(row)
+        logging.info("--sweep: fold %d / %d scored under %d values of %s", fold + 1,
+                     len(folds), len(values), dotted)
+    summary = {"key": dotted, "folds": folds,
+               "values": {value: cv_summary.over_folds(r) for value, r in rows.items()}}
+    stem = os.path.join(workdir, f"cv_sweep.{key}")
+    with open(stem + ".json", "w", encoding="utf-8") as f:
+        json.dump({**summary, "values": {str(v): m for v, m in summary["values"].items()}}, f,
+                  indent=1, sort_keys=True)
+        f.write("\n")
+    with open(stem + ".md", "w", encoding="utf-8") as f:
+        f.write("\n".join([f"# {dotted} on the held-out folds of {workdir}", "",
+                           f"Each fold's last checkpoint, folds {folds} (mean ± sample std, "
+                           "min-max; %).", "", *cv_summary.table(summary["values"], key)])
+                + "\n")
+    print(f"wrote {stem}.md and {os.path.basename(stem)}.json")
     return summary

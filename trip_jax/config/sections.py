@@ -280,6 +280,9 @@ class DecodingConfig(Section):
     alias_states: bool = option(False, "an object named twice keeps each state under one name")
     conflict_state_threshold: float = option(
         0.0, "the explanation's states need this probability (0: off)", interval("[0, 1)"))
+    backing_threshold: float = option(
+        0.0, "the decoded contradiction's two states are written only when its probability is "
+        "at least this (0: always)", interval("[0, 1)"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,18 +56,19 @@ def held_out_by_epoch(records: Sequence[Mapping[str, Any]]) -> dict[float, dict[
 
 
 def summarise(fold_logs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """{"folds": [fold numbers], "epochs": {epoch: {metric: {mean, std, min, max, n}}}} over the
-    folds' held-out evaluations; an epoch or metric missing from a fold counts the folds that
-    have it (``n``)."""
+    """{"folds": [fold numbers], "epochs": {epoch: ``over_folds`` of that epoch}} of the folds'
+    held-out evaluations; an epoch missing from a fold counts the folds that have it (``n``)."""
     per_fold = {fold: held_out_by_epoch(records) for fold, records in sorted(fold_logs.items())}
     epochs = sorted({e for by_epoch in per_fold.values() for e in by_epoch})
-    summary: dict[str, Any] = {"folds": sorted(per_fold), "epochs": {}}
-    for epoch in epochs:
-        rows = [by_epoch[epoch] for by_epoch in per_fold.values() if epoch in by_epoch]
-        names = sorted({k for row in rows for k in row})
-        summary["epochs"][epoch] = {name: _stats([row[name] for row in rows if name in row])
-                                    for name in names}
-    return summary
+    return {"folds": sorted(per_fold),
+            "epochs": {epoch: over_folds([by_epoch[epoch] for by_epoch in per_fold.values()
+                                          if epoch in by_epoch]) for epoch in epochs}}
+
+
+def over_folds(rows: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """{metric: {mean, std (ddof 1; 0 for one fold), min, max, n}} of one value per fold."""
+    names = sorted({k for row in rows for k in row})
+    return {name: _stats([row[name] for row in rows if name in row]) for name in names}
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
@@ -76,15 +77,12 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
             else 0.0, "min": float(array.min()), "max": float(array.max()), "n": len(array)}
 
 
-def markdown(summary: Mapping[str, Any], title: str) -> str:
-    """The summary as a Markdown table: one row per epoch, ``TABLE_METRICS`` as
-    mean ± std (min-max) in %."""
-    lines = [f"# {title}", "",
-             f"Held-out fold scores over folds {summary['folds']} (mean ± sample std, min-max; "
-             "%). Every metric of every epoch: cv_summary.json.", "",
-             "| epoch | folds | " + " | ".join(TABLE_METRICS) + " |",
+def table(rows: Mapping[Any, Mapping[str, Mapping[str, float]]], first: str) -> list[str]:
+    """Markdown table lines: one row per ``rows`` entry (labelled in column ``first``), the
+    ``TABLE_METRICS`` as mean ± std (min-max) in %."""
+    lines = [f"| {first} | folds | " + " | ".join(TABLE_METRICS) + " |",
              "|---" * (len(TABLE_METRICS) + 2) + "|"]
-    for epoch, metrics in summary["epochs"].items():
+    for label, metrics in rows.items():
         cells = []
         for name in TABLE_METRICS:
             s = metrics.get(name)
@@ -92,7 +90,18 @@ def markdown(summary: Mapping[str, Any], title: str) -> str:
                          f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f} "
                          f"({100 * s['min']:.1f}-{100 * s['max']:.1f})")
         n = max((s["n"] for s in metrics.values()), default=0)
-        lines.append(f"| {float(epoch):g} | {n} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label:g} | {n} | " if isinstance(label, float) else
+                     f"| {label} | {n} | ")
+        lines[-1] += " | ".join(cells) + " |"
+    return lines
+
+
+def markdown(summary: Mapping[str, Any], title: str) -> str:
+    """The summary as a Markdown table: one row per epoch (``table``)."""
+    lines = [f"# {title}", "",
+             f"Held-out fold scores over folds {summary['folds']} (mean ± sample std, min-max; "
+             "%). Every metric of every epoch: cv_summary.json.", "",
+             *table(summary["epochs"], "epoch")]
     return "\n".join(lines) + "\n"
 
 

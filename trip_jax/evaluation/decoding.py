@@ -17,8 +17,10 @@ batch-contract names) and returns the four arrays the metrics score: ``story_pre
   (first in C order: entity, i, j, attribute, v false then true). States are read by
   ``read_states`` (``state_threshold``, ``alias_states``), then the implausible story's states
   at i and j by ``conflict_state_threshold``, then the two backing cells are set to the
-  candidate's values: a decoded conflict is always backed by decoded states. Beliefs are 1 at i
-  and j of that story for every entity with a non-zero decoded state there, 0 elsewhere.
+  candidate's values (only when the candidate's probability exp s(c) is at least
+  ``backing_threshold``: below it the states stay the heads' own and the pair has no backing
+  contradiction). Beliefs are 1 at i and j of that story for every entity with a non-zero
+  decoded state there (and the candidate's entity), 0 elsewhere.
 
 Every rule and the reasons for it: docs/reference.md, "Decoding"; measured effects:
 docs/results.md.
@@ -229,12 +231,19 @@ def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np
             confidence = np.take_along_axis(log_softmax(logits[k, :, s]),
                                             pred[k, :, s, :, None], -1)[..., 0]
             pred[k, :, s][confidence < np.log(config.conflict_state_threshold)] = 0
-    for pred, _, s, value in cells:
-        pred[k, e, s, a] = value
+    if backs(found, config):
+        for pred, _, s, value in cells:
+            pred[k, e, s, a] = value
     for s in (found.evidence, found.breakpoint):
         involved = (pre_pred[k, :, s] != 0).any(-1) | (eff_pred[k, :, s] != 0).any(-1)
         beliefs[k, :, s] = (involved | (np.arange(len(involved)) == e)) & row_mask[k, :, s]
     return pre_pred, eff_pred, beliefs
+
+
+def backs(found: Contradiction, config: DecodingConfig) -> bool:
+    """Whether the contradiction's two states are written into the decoded states: its
+    probability is at least ``backing_threshold``."""
+    return found.score >= np.log(config.backing_threshold) if config.backing_threshold else True
 
 
 @dataclasses.dataclass
@@ -281,6 +290,6 @@ def decode(arrays: Mapping[str, np.ndarray], config: DecodingConfig) -> Decoded:
         beliefs.append(belief)
         pres.append(pre)
         effs.append(eff)
-        found_all.append(found)
+        found_all.append(found if found is not None and backs(found, config) else None)
     return Decoded(np.asarray(story, np.int64), np.stack(beliefs), np.stack(pres),
                    np.stack(effs), found_all)

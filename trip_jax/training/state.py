@@ -100,7 +100,8 @@ def init_params_from(config, params):
             raise ValueError(f"train.init_from: {train_config.init_from} was trained with "
                              f"model.{key}={source.config.model[key]!r}, this run has "
                              f"{config.model[key]!r}")
-    split_keys = ("data_dir", "protocol", "holdout_fraction", "holdout_seed", "max_pairs")
+    split_keys = ("data_dir", "protocol", "holdout_fraction", "holdout_seed", "folds", "fold",
+                  "max_pairs")
     changed = [k for k in split_keys if source.config.data[k] != config.data[k]]
     if changed:
         logging.warning("train.init_from: %s used other data settings (%s): it may have trained "
