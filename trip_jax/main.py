@@ -240,8 +240,10 @@ def main(argv) -> None:
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
                  jax.process_count(), jax.local_devices())
     if FLAGS.mode in TRAINING_MODES:
+        where = epath.Path(FLAGS.workdir) / (
+            cross_validate.FOLD_DIR.format(fold="F") if FLAGS.mode == "cross_validate" else "")
         logging.info("config: the resolved config goes to %s (--show_config prints it)",
-                     epath.Path(FLAGS.workdir) / checkpoints.CONFIG_FILE)
+                     where / checkpoints.CONFIG_FILE)
     if FLAGS.show_config and jax.process_index() == 0:
         print(FLAGS.config, flush=True)
     try:
