@@ -43,7 +43,7 @@ from ml_collections import config_flags
 from trip_jax import cli, train
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate, predict, random_baseline
-from trip_jax.runtime import distributed, jax_setup, sharding, workdir_lock
+from trip_jax.runtime import distributed, hub, jax_setup, sharding, workdir_lock
 from trip_jax.training import checkpoints
 from trip_jax.config import checks
 from trip_jax.data import layouts, readers
@@ -89,7 +89,7 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError,
-               workdir_lock.WorkdirLocked, layouts.RetiredLayoutError)
+               workdir_lock.WorkdirLocked, layouts.RetiredLayoutError, hub.HubUnavailableError)
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
@@ -209,6 +209,8 @@ def main(argv) -> None:
     """Joins a multi-process run if there is one, checks the config against its devices, then
     runs the selected mode (the flags are already parsed and checked by ``parse_flags``)."""
     del argv  # parse_flags refuses extra arguments
+    cli.terminal_setup()
+    jax_setup.quiet_backend_search()
     logging.get_absl_handler().addFilter(_QuietOrbax())
     if FLAGS.mode == "predict" and not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # only the answers and the problems
