@@ -20,7 +20,9 @@ one ``error: ...`` line naming the key and what is allowed, with exit status 2, 
 starts (``trip_jax.cli``). A missing, unreadable or mismatched checkpoint (one whose arrays differ
 from their saved checksums included), an old config it cannot read, missing data or spaCy
 model, or unusable input ends the run with a one-line ``error: ...`` message and exit status 1;
-a workdir held by another training run, with exit status 2.
+a workdir held by another training run, or an encoder or tokenizer hub name that neither the
+local cache nor the hub provides (``trip_jax.runtime.hub``), with exit status 2. Warnings print
+as one line each (``cli.terminal_setup``).
 
 The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it)
 and ``--show_config`` prints it to stdout. ``--mode=predict`` logs warnings and errors only (an
