@@ -59,6 +59,8 @@ def terminal_setup() -> None:
     ``format_warning``'s one line, and the leftovers of an aborted checkpoint read (a traceback
     per array, after the run's own ``error:`` line) go to the log at debug level."""
     warnings.formatwarning = format_warning
+    if getattr(sys.unraisablehook, "quiets_closed_loops", False):
+        return  # set already (a second command in the same process)
     default_hook = sys.unraisablehook
 
     def hook(unraisable) -> None:
@@ -67,6 +69,7 @@ def terminal_setup() -> None:
         else:
             default_hook(unraisable)
 
+    hook.quiets_closed_loops = True
     sys.unraisablehook = hook
 
 
