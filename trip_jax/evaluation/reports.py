@@ -132,11 +132,11 @@ def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None 
                      f"| {_pct(metrics[f'{method}/verifiability'])} |")
     if untrained:
         lines += ["", f"Story choice untrained ({', '.join(f'`{m}`' for m in untrained)}): the "
-                  "run's loss preset gives the story loss weight 0 (`omit_story`), so no loss "
-                  "trains the story scores this decoding chooses the story by (the summed "
-                  "conflict beliefs, −Σp/2); they pick the plausible story only as far as the "
-                  "conflict loss happens to shape them, and a wrong story makes the pair "
-                  "inconsistent and unverifiable too."]
+                  "run's loss preset gives the story loss weight 0 (as `omit_story` does), so "
+                  "no loss trains the story scores this decoding chooses the story by (the "
+                  "summed conflict beliefs, −Σp/2); they pick the plausible story only as far "
+                  "as the conflict loss happens to shape them, and a wrong story makes the "
+                  "pair inconsistent and unverifiable too."]
     return lines
 
 
