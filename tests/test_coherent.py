@@ -88,7 +88,8 @@ def test_the_coherent_run_selects_and_reports_both_decodings(coherent_run):
     assert len(latest.meta["selection_history"]) == config.train.selection_window
     report = (workdir / "reports" / "test.md").read_text()
     assert "## Decodings of the same outputs" in report
-    assert "| reference |" in report and "| coherent |" in report
+    # omit_story (the default loss preset): the reference decoding's story choice is untrained.
+    assert "| reference (story choice untrained) |" in report and "| coherent |" in report
     assert "## Where pairs are lost, tier by tier" in report
     shares = result["tier_losses"]["shares"]
     assert sum(shares.values()) == pytest.approx(1.0)

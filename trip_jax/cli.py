@@ -11,16 +11,21 @@ one line on stderr naming the key and its closest valid spelling or its allowed 
     error: unknown config key --config.train.learnin_rate; did you mean --config.train.learning_rate?
 
 followed by exit status 2 (the usual status of a command-line usage error).
+
+``terminal_setup()``, called first by every entry point, keeps the rest of the terminal to one
+line a message: warnings print as ``warning: ...`` without Python's source line.
 """
 
 from __future__ import annotations
 
 import difflib
 import glob
+import logging
 import os
 import re
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +34,43 @@ from absl import flags
 from ml_collections.config_flags import config_flags as config_flags_lib
 
 USAGE_EXIT_CODE = 2
+
+
+def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   line: str | None = None) -> str:
+    """A warning as one line, without Python's source line: ``warning: MESSAGE`` for the
+    project's own warnings (whose message names the file and the problem), ``warning:
+    Category: MESSAGE (FILE:LINE)`` for others; line breaks in the message become spaces."""
+    text = " ".join(str(message).split())
+    if category.__module__.split(".")[0] == "trip_jax":
+        return f"warning: {text}\n"
+    return f"warning: {category.__name__}: {text} ({filename}:{lineno})\n"
+
+
+def _is_closed_loop_leftover(unraisable) -> bool:
+    """A callback that arrived after its asyncio loop was closed: TensorStore's reads still
+    under way when orbax gives up on an unreadable checkpoint (one per array)."""
+    return (unraisable.exc_type is RuntimeError
+            and str(unraisable.exc_value) == "Event loop is closed")
+
+
+def terminal_setup() -> None:
+    """What a person reads on the terminal, set once by each entry point: every warning is
+    ``format_warning``'s one line, and the leftovers of an aborted checkpoint read (a traceback
+    per array, after the run's own ``error:`` line) go to the log at debug level."""
+    warnings.formatwarning = format_warning
+    if getattr(sys.unraisablehook, "quiets_closed_loops", False):
+        return  # set already (a second command in the same process)
+    default_hook = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if _is_closed_loop_leftover(unraisable):
+            logging.debug("ignored after an aborted read: %s", unraisable.exc_value)
+        else:
+            default_hook(unraisable)
+
+    hook.quiets_closed_loops = True
+    sys.unraisablehook = hook
 
 
 class UsageError(Exception):

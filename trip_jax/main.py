@@ -21,7 +21,9 @@ one ``error: ...`` line naming the key and what is allowed, with exit status 2, 
 starts (``trip_jax.cli``). A missing, unreadable or mismatched checkpoint (one whose arrays differ
 from their saved checksums included), an old config it cannot read, missing data or spaCy
 model, or unusable input ends the run with a one-line ``error: ...`` message and exit status 1;
-a workdir held by another training run, with exit status 2.
+a workdir held by another training run, or an encoder or tokenizer hub name that neither the
+local cache nor the hub provides (``trip_jax.runtime.hub``), with exit status 2. Warnings print
+as one line each (``cli.terminal_setup``).
 
 The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it)
 and ``--show_config`` prints it to stdout. ``--mode=predict`` logs warnings and errors only (an
@@ -44,7 +46,7 @@ from ml_collections import config_flags
 from trip_jax import cli, cross_validate, train
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate, predict, random_baseline
-from trip_jax.runtime import distributed, jax_setup, sharding, workdir_lock
+from trip_jax.runtime import distributed, hub, jax_setup, sharding, workdir_lock
 from trip_jax.training import checkpoints
 from trip_jax.config import checks
 from trip_jax.data import layouts, readers
@@ -102,7 +104,7 @@ TRAINING_MODES = ("train", "cross_validate")
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError,
-               workdir_lock.WorkdirLocked, layouts.RetiredLayoutError)
+               workdir_lock.WorkdirLocked, layouts.RetiredLayoutError, hub.HubUnavailableError)
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
@@ -230,6 +232,8 @@ def main(argv) -> None:
     """Joins a multi-process run if there is one, checks the config against its devices, then
     runs the selected mode (the flags are already parsed and checked by ``parse_flags``)."""
     del argv  # parse_flags refuses extra arguments
+    cli.terminal_setup()
+    jax_setup.quiet_backend_search()
     logging.get_absl_handler().addFilter(_QuietOrbax())
     if FLAGS.mode == "predict" and not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # only the answers and the problems

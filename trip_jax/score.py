@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from trip_jax import cli
 from trip_jax.data import curated, schema
 from trip_jax.evaluation import explain, metrics, random_baseline, reports
 from trip_jax.runtime import paths
@@ -301,6 +302,7 @@ def _marker_split(args: argparse.Namespace, pairs: Sequence[StoryPair],
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command; returns the exit status (0, 1 for missing data, 2 for bad input)."""
+    cli.terminal_setup()
     args = parse_args(argv)
     try:
         with open(args.predictions, encoding="utf-8") as f:

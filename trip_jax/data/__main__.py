@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from trip_jax import cli
 from trip_jax.data import readers
 
 
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from trip_jax.data.download import DownloadError
     from trip_jax.data.entities import SpacyModelError
 
+    cli.terminal_setup()
     args = _parser().parse_args(argv)
     try:
         args.run(args)

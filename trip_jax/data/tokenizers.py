@@ -6,8 +6,8 @@
   template of BERT (``[CLS] a [SEP] b [SEP]`` plus token_type_ids) or RoBERTa
   (``<s> a </s></s> b </s>``). Tiny configs and tests use it: no network, no files.
 - a directory holding a tokenizer (``tokenizer.json`` or vocab files), local or remote
-  (``gs://...``), or a hub name such as ``roberta-large`` (downloaded by transformers, or found
-  in its cache).
+  (``gs://...``), or a hub name such as ``roberta-large`` (the local cache first, then the hub
+  once: ``trip_jax.runtime.hub``).
 
 ``save_tokenizer`` / ``load_saved_tokenizer`` write and read a tokenizer directory anywhere
 ``etils.epath`` reaches (a run's ``WORKDIR/tokenizer``): transformers reads and writes only local
@@ -29,7 +29,7 @@ from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from trip_jax.runtime import paths
+from trip_jax.runtime import hub, paths
 
 WORD_LEVEL_PREFIX = "word_level:"
 STYLES: tuple[str, ...] = ("bert", "roberta")
@@ -54,11 +54,13 @@ class TokenizerInfo:
 
 
 def load_tokenizer(spec: str, texts: Iterable[str] | None = None, *,
-                   local_files_only: bool = False) -> PreTrainedTokenizerFast:
+                   local_files_only: bool = False, flag: str = "--config.model.tokenizer"
+                   ) -> PreTrainedTokenizerFast:
     """Returns a fast tokenizer for ``spec`` (see the module docstring for the accepted forms).
 
     ``texts`` is required for (and only used by) the word-level specs. ``local_files_only`` skips
-    the hub and looks only in the transformers cache for a hub name.
+    the hub and looks only in the transformers cache for a hub name. A hub name found neither in
+    the cache nor on the hub is a one-line ``hub.HubUnavailableError`` naming ``flag``.
     """
     if spec.startswith(WORD_LEVEL_PREFIX):
         style = spec[len(WORD_LEVEL_PREFIX):]
@@ -68,7 +70,7 @@ def load_tokenizer(spec: str, texts: Iterable[str] | None = None, *,
         if texts is None:
             raise ValueError(f"tokenizer {spec!r} builds its vocabulary from texts; pass texts=")
         return build_word_level_tokenizer(texts, style=style)
-    return _load_pretrained(spec, local_files_only=local_files_only)
+    return _load_pretrained(spec, local_files_only=local_files_only, flag=flag)
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: epath.PathLike) -> None:
@@ -87,7 +89,8 @@ def load_saved_tokenizer(directory: epath.PathLike) -> PreTrainedTokenizerFast:
         return AutoTokenizer.from_pretrained(tmp, use_fast=True)
 
 
-def _load_pretrained(spec: str, *, local_files_only: bool) -> PreTrainedTokenizerFast:
+def _load_pretrained(spec: str, *, local_files_only: bool, flag: str
+                     ) -> PreTrainedTokenizerFast:
     """Loads a Hugging Face fast tokenizer from a directory or the hub, with clear errors."""
     if not paths.is_local(spec):
         if not epath.Path(spec).is_dir():
@@ -97,16 +100,24 @@ def _load_pretrained(spec: str, *, local_files_only: bool) -> PreTrainedTokenize
     path = os.path.expanduser(spec)
     if looks_like_path and not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist")
+    def load(local_files_only: bool) -> PreTrainedTokenizerFast:
+        return AutoTokenizer.from_pretrained(path if looks_like_path else spec, use_fast=True,
+                                             local_files_only=local_files_only)
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            path if looks_like_path else spec, use_fast=True, local_files_only=local_files_only)
+        if looks_like_path or local_files_only:
+            tokenizer = load(local_files_only)
+        else:
+            tokenizer = hub.fetch(spec, load, flag=flag)
+    except hub.HubUnavailableError:
+        raise
     except (OSError, ValueError) as err:
         where = "the directory" if looks_like_path else "the Hugging Face hub or its local cache"
+        cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise OSError(
-            f"could not load tokenizer {spec!r} from {where}: {err}\n"
-            "Without network access, download the tokenizer elsewhere (e.g. "
-            f"`huggingface-cli download {spec}`), copy the directory here and pass its path, "
-            "or use a word-level tokenizer ('word_level:bert' / 'word_level:roberta').") from err
+            f"could not load tokenizer {spec!r} from {where}: {cause}; pass a directory that "
+            f"holds it with {flag}=DIR, or use a word-level tokenizer ('word_level:bert' / "
+            "'word_level:roberta')") from err
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"tokenizer {spec!r} has no fast (Rust) implementation; "
                          "the feature code needs a tokenizers-backed tokenizer")
@@ -187,4 +198,5 @@ def tokenizer_spec(model_config) -> str:
 
 def build_tokenizer(model_config, texts):
     """Loads (or, for word-level specs, builds from ``texts``) the config's tokenizer."""
-    return load_tokenizer(tokenizer_spec(model_config), texts)
+    flag = "--config.model.tokenizer" if model_config.tokenizer else "--config.model.encoder"
+    return load_tokenizer(tokenizer_spec(model_config), texts, flag=flag)

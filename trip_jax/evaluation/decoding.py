@@ -39,6 +39,9 @@ from trip_jax.data import batch_contract, schema
 from trip_jax.config.sections import DecodingConfig, DecodingMethod, choices_of
 
 DECODINGS: tuple[str, ...] = choices_of(DecodingMethod)  # decoding.method
+# Decodings that choose the story by the model's story scores (-sum of conflict beliefs / 2),
+# which only the story loss trains for that purpose: untrained under a story loss weight of 0.
+READS_STORY_SCORE: tuple[str, ...] = ("reference",)
 # int [N, 2, E]: each entity's alias group (``alias_groups``), added by the evaluator; read by
 # coherent decoding with ``alias_states``.
 ALIAS_KEY = "entity_alias"

@@ -261,11 +261,13 @@ def baseline_name(seeds: int = random_baseline.SEEDS) -> str:
 
 
 def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:
-    """What a checkpoint report says about its origin: model, checkpoint, protocol, data."""
+    """What a checkpoint report says about its origin: model, checkpoint, protocol, data, the
+    story loss weight (0: the story choice of ``decoding.READS_STORY_SCORE`` is untrained)."""
     return {"model": model_name(restored.config), "checkpoint": restored.kind,
             "checkpoint_step": restored.step, "epoch": restored.meta.get("epoch"),
             "protocol": splits.protocol, "selection_split": splits.selection_name,
             "selection_metrics": restored.meta.get("metrics", {}),
+            "story_loss_weight": float(restored.config.loss.story_weight),
             "data_files": input_pipeline.data_files(splits)}
 
 

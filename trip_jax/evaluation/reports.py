@@ -33,6 +33,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from trip_jax.data import schema
+from trip_jax.evaluation import decoding
 from trip_jax.runtime.paths import to_jsonable, write_atomic
 
 RIGHT, WRONG = "#4c9a5b", "#c8553d"
@@ -60,7 +61,8 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
 
     ``metadata`` keys shown when present: ``model`` (row name, default "model"),
     ``checkpoint_step``, ``checkpoint``, ``protocol``, ``data_files`` ({path: sha256}),
-    ``notes`` (lines listed under "Notes", e.g. what a scored file could not give).
+    ``notes`` (lines listed under "Notes", e.g. what a scored file could not give),
+    ``story_loss_weight`` (0 marks the decodings whose story choice is then untrained).
     ``baselines`` ({row name: metrics-like dict}) adds comparison rows, e.g. the random baseline;
     ``by_marker`` (``trip_jax.data.curated.marker_split``) the curated / implicit table.
     """
@@ -82,7 +84,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     for row, m in rows.items():
         lines.append(f"| {row} | {_pct(m.get('accuracy'))} | {_pct(m.get('consistency'))} "
                      f"| {_pct(m.get('verifiability'))} |")
-    lines += _decoding_table(metrics)
+    lines += _decoding_table(metrics, metadata.get("story_loss_weight"))
     lines += _marker_table(by_marker)
     lines += ["", "## Low-level tasks, macro-F1 (layout of Table 4)", "",
               "| Model | Prec. F1 (%) | Eff. F1 (%) | Confl. F1 (%) |", "|---|---:|---:|---:|"]
@@ -109,19 +111,32 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     return "\n".join(lines) + "\n"
 
 
-def _decoding_table(metrics: Mapping[str, Any]) -> list[str]:
-    """The tiers of every decoding of the same outputs (trip_jax/evaluation/decoding.py), side by side."""
+def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None = None
+                    ) -> list[str]:
+    """The tiers of every decoding of the same outputs (trip_jax/evaluation/decoding.py), side
+    by side; with ``story_loss_weight`` 0 the decodings of ``decoding.READS_STORY_SCORE`` are
+    marked "story choice untrained", with a note saying why."""
     methods = [key.split("/")[0] for key in metrics if key.endswith("/accuracy")]
     if not methods:
         return []
+    untrained = [m for m in methods
+                 if story_loss_weight == 0 and m in decoding.READS_STORY_SCORE]
     lines = ["", "## Decodings of the same outputs", "",
              f"The scores above are those of the `{metrics.get('decoding')}` decoding.", "",
              "| Decoding | Accuracy (%) | Consistency (%) | Verifiability (%) |",
              "|---|---:|---:|---:|"]
     for method in methods:
-        lines.append(f"| {method} | {_pct(metrics[f'{method}/accuracy'])} "
+        label = f"{method} (story choice untrained)" if method in untrained else method
+        lines.append(f"| {label} | {_pct(metrics[f'{method}/accuracy'])} "
                      f"| {_pct(metrics[f'{method}/consistency'])} "
                      f"| {_pct(metrics[f'{method}/verifiability'])} |")
+    if untrained:
+        lines += ["", f"Story choice untrained ({', '.join(f'`{m}`' for m in untrained)}): the "
+                  "run's loss preset gives the story loss weight 0 (as `omit_story` does), so "
+                  "no loss trains the story scores this decoding chooses the story by (the "
+                  "summed conflict beliefs, −Σp/2); they pick the plausible story only as far "
+                  "as the conflict loss happens to shape them, and a wrong story makes the "
+                  "pair inconsistent and unverifiable too."]
     return lines
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from flax import serialization, traverse_util
 
 from trip_jax.models.encoders import SUPPORTED_MODEL_TYPES, build_encoder
+from trip_jax.runtime import hub
 
 logger = logging.getLogger(__name__)
 
@@ -81,18 +82,20 @@ def register_conversion_hook(model_type: str, hook: Callable[[Checkpoint], Check
 
 
 def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool = True,
-                    seed: int = 0, cache_dir: str | Path | None = None):
+                    seed: int = 0, cache_dir: str | Path | None = None,
+                    flag: str = "--config.model.encoder"):
     """Loads a Hugging Face encoder checkpoint as ``(hf_config, params)`` for ``build_encoder``.
 
     ``name_or_path``: a local directory holding config.json and one of model.safetensors,
     flax_model.msgpack or pytorch_model.bin (sharded ones too), or a hub name such as
-    ``roberta-large`` (downloaded with huggingface_hub when online, into ``cache_dir``).
+    ``roberta-large`` (the local cache first, then the hub once: ``trip_jax.runtime.hub``, whose
+    one-line ``HubUnavailableError`` names ``flag`` as the way to pass a directory).
     ``dtype``: dtype of the returned (numpy) parameter arrays. Tensors outside the encoder (pooler,
     heads, buffers) are logged as unused. A shape mismatch always raises; with ``strict`` a missing
     parameter or a tensor inside the encoder that the config has no place for (e.g. an extra layer)
     raises too, otherwise missing ones are initialised from ``seed`` and logged.
     """
-    directory = resolve_model_dir(name_or_path, cache_dir=cache_dir)
+    directory = resolve_model_dir(name_or_path, cache_dir=cache_dir, flag=flag)
     hf_config = load_config(directory)
     checkpoint, source = read_checkpoint(directory)
     hook = _CONVERSION_HOOKS.get(hf_config.model_type)
@@ -108,8 +111,10 @@ def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool
     return hf_config, traverse_util.unflatten_dict(flat)
 
 
-def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None = None) -> Path:
-    """Returns the local directory for ``name_or_path``, downloading a hub name when online."""
+def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None = None,
+                      flag: str = "--config.model.encoder") -> Path:
+    """Returns the local directory for ``name_or_path``: itself, or a hub name's snapshot from
+    the local cache or, when that lacks it, from the hub (``hub.fetch``)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -121,18 +126,21 @@ def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None 
         raise FileNotFoundError(
             f"model directory {path} does not exist; pass a directory holding {CONFIG_FILE} and "
             f"one of {', '.join(f for f, _ in WEIGHT_FILES)}")
-    return _download(name, cache_dir)
+    return hub.fetch(name, lambda local_files_only: _download(name, cache_dir, local_files_only),
+                     flag=flag, cache=None if cache_dir is None else str(cache_dir))
 
 
-def _download(name: str, cache_dir) -> Path:
-    """Fetches config.json and the first weight format the hub repo has."""
+def _download(name: str, cache_dir, local_files_only: bool) -> Path:
+    """config.json and the first weight format the hub repo has, from the local cache only
+    (``local_files_only``) or from the hub."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
 
     try:
         for patterns in _HUB_PATTERNS:
             directory = Path(snapshot_download(
-                name, allow_patterns=[CONFIG_FILE, *patterns], cache_dir=cache_dir))
+                name, allow_patterns=[CONFIG_FILE, *patterns], cache_dir=cache_dir,
+                local_files_only=local_files_only))
             if _weight_file(directory) is not None:
                 return directory
     except (OSError, HFValidationError) as err:
@@ -144,6 +152,8 @@ def _download(name: str, cache_dir) -> Path:
             f"`transformers.AutoModel.from_pretrained({name!r}).save_pretrained(DIR)`), copy DIR "
             f"here and pass its path instead of the hub name. DIR must hold {CONFIG_FILE} and one "
             f"of {', '.join(f for f, _ in WEIGHT_FILES)}.") from err
+    if local_files_only:
+        raise FileNotFoundError(f"{name!r} is cached without weights")
     raise FileNotFoundError(f"hub repo {name!r} has no weights in a supported format "
                             f"({', '.join(f for f, _ in WEIGHT_FILES)})")
 

@@ -1,9 +1,11 @@
 """Process-wide JAX settings chosen in the config: the PRNG implementation and a persistent
 compilation cache. Both are off by default (the reference behaviour); call ``configure_jax``
-before any key is made or any function is compiled."""
+before any key is made or any function is compiled. ``quiet_backend_search`` keeps jax's lines
+about backends it looked for and did not find out of the default output."""
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 
 import jax
@@ -14,6 +16,19 @@ from trip_jax.config.sections import PrngImpl, choices_of
 # jax_default_prng_impl values. "threefry2x32" is JAX's default; "rbg" draws dropout masks
 # faster (about 9% of a MiniLM train step on CPU) but gives other masks than threefry.
 PRNG_IMPLS: tuple[str, ...] = choices_of(PrngImpl)  # train.prng_impl
+
+
+# The jax logger that reports each backend it tried at start-up ("Unable to initialize backend
+# 'tpu': ... libtpu.so" on every CPU machine) at INFO.
+BACKEND_LOGGER = "jax._src.xla_bridge"
+
+
+def quiet_backend_search() -> None:
+    """Hides the INFO lines of jax's backend search unless the log is at debug level
+    (``--verbosity=1``); its warnings and errors still show, and which backends jax uses
+    (``JAX_PLATFORMS``, a GPU, a TPU) is unchanged. Call before the first ``jax.devices()``."""
+    if logging.get_verbosity() < logging.DEBUG:
+        std_logging.getLogger(BACKEND_LOGGER).setLevel(std_logging.WARNING)
 
 
 def set_prng_impl(name: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -190,20 +191,52 @@ def _abstract(tree: Any, shardings: Any) -> Any:
                         tree, shardings)
 
 
-def _one_line(text: Any, limit: int = 300) -> str:
-    """The first line of ``text``, at most ``limit`` characters."""
-    line = (str(text).strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+# In TensorStore's messages (which name neither clearly nor briefly): the array being read
+# ('Error reading "params.x.kernel/.zarray"') and the local files involved.
+_TS_ARRAY = re.compile(r'Error reading "([^"]+?)/\.z')
+_TS_FILE = re.compile(r'local file "([^"]+)"')
+
+
+def _causes(err: BaseException):
+    """``err`` and the exceptions it was raised from or during, outermost first."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def unreadable_part(err: BaseException, where: epath.Path, items) -> str:
+    """What of the checkpoint at ``where`` could not be read, in words: the array and the file
+    a TensorStore error names (relative to ``where``), else the restored items' folders."""
+    text = " ".join(str(e) for e in _causes(err))
+    found = []
+    array = _TS_ARRAY.search(text)
+    if array:
+        found.append(f"array {array.group(1)}")
+    files = [f for f in _TS_FILE.findall(text) if not f.endswith("/")]
+    if files:
+        path = files[-1]
+        prefix = str(where).rstrip("/") + "/"
+        found.append(f"file {path[len(prefix):] if path.startswith(prefix) else path}")
+    if not found:
+        found.append(" and ".join(f"{item}/" for item in items) + " folder")
+    return ", ".join(found)
 
 
 def _restore(manager: ocp.CheckpointManager, step: int, **items) -> Any:
-    """Restores ``items`` of one step, turning any failure into a DamagedCheckpointError."""
+    """Restores ``items`` of one step, turning any failure into a one-line
+    DamagedCheckpointError naming the checkpoint and the array or file it could not read;
+    the full cause goes to the log at debug level."""
     where = epath.Path(manager.directory) / str(step)
     try:
         return manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as err:  # orbax raises many types for unreadable/mismatched data
-        raise DamagedCheckpointError(f"could not restore the checkpoint {where}: "
-                                     f"{type(err).__name__}: {_one_line(err)}") from err
+        logging.debug("restoring %s failed", where, exc_info=err)
+        raise DamagedCheckpointError(
+            f"checkpoint {where} is damaged or unreadable: could not restore its "
+            f"{unreadable_part(err, where, items)} (the cause is logged at debug level, "
+            "--verbosity=1)") from err
 
 
 def with_checksums(meta: dict, **trees) -> dict:

@@ -1,0 +1,345 @@
+"""What a newcomer reads first (issue 36): every failure is one clear line, fast.
+
+The hub looked up once (the local cache, then one request, no retries; HF_HUB_OFFLINE
+honoured), damaged checkpoints named without TensorStore's text, warnings on one line, reports
+that mark an untrained story choice, no backend noise on CPU; and each README command's failure
+path, run as a subprocess, shows a person at most two lines besides the log.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import warnings
+
+import pytest
+from absl import logging as absl_logging
+
+from trip_jax import cli
+from trip_jax.data import tokenizers
+from trip_jax.data.record_checks import TripDataWarning
+from trip_jax.evaluation import reports
+from trip_jax.models import weights
+from trip_jax.runtime import hub, jax_setup, workdir_lock
+from trip_jax.training import checkpoints
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# An absl log line: "I1203 05:48:09.530151 140647095221120 file.py:266] ...".
+LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
+ABSENT = "trip-jax-tests/no-such-model"  # a hub name no cache holds
+
+
+class Loader:
+    """A stand-in for a hub load: records each call's local_files_only; ``cached`` says
+    whether the cache holds the files."""
+
+    def __init__(self, cached: bool = False):
+        self.cached, self.calls = cached, []
+
+    def __call__(self, local_files_only: bool):
+        self.calls.append(local_files_only)
+        if local_files_only and not self.cached:
+            raise FileNotFoundError("not in the cache")
+        return "files"
+
+
+@pytest.fixture
+def hub_online(monkeypatch):
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture
+def answering_hub(monkeypatch, hub_online):
+    """A local HTTP server standing in for the hub; yields the list of requests it got."""
+    requests = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            requests.append(self.command)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(hub, "endpoint", lambda: f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    yield requests
+    server.shutdown()
+
+
+@pytest.fixture
+def silent_hub(monkeypatch, hub_online):
+    """A hub that accepts connections and never answers (a firewall that drops replies);
+    yields the list of connections it accepted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = []
+
+    def accept():
+        while True:
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setattr(hub, "endpoint", lambda: f"http://127.0.0.1:{listener.getsockname()[1]}")
+    monkeypatch.setattr(hub, "PROBE_TIMEOUT_S", 0.5)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    yield accepted
+    listener.close()
+    for connection in accepted:
+        connection.close()
+
+
+def assert_hub_line(message: str, name: str, flag: str) -> None:
+    assert "\n" not in message
+    assert f"could not load {name!r}" in message
+    assert "local Hugging Face cache" in message  # what was tried: the cache ...
+    assert "hub" in message.split("cache", 1)[1]  # ... and the hub
+    assert f"{flag}=DIR" in message and f"hf download {name}" in message  # the two ways out
+
+
+def test_a_cached_name_never_asks_the_hub(silent_hub):
+    load = Loader(cached=True)
+    assert hub.fetch("roberta-large", load) == "files"
+    assert load.calls == [True] and silent_hub == []
+
+
+def test_offline_stops_after_the_cache(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    load = Loader()
+    with pytest.raises(hub.HubUnavailableError) as err:
+        hub.fetch("roberta-large", load, flag="--config.model.encoder")
+    assert load.calls == [True]
+    assert "switched off (HF_HUB_OFFLINE)" in str(err.value)
+    assert_hub_line(str(err.value), "roberta-large", "--config.model.encoder")
+    assert err.value.exit_code == 2
+
+
+def test_a_silent_hub_is_asked_once(silent_hub):
+    load = Loader()
+    with pytest.raises(hub.HubUnavailableError) as err:
+        hub.fetch("roberta-large", load)
+    assert load.calls == [True]  # never the online load with its retries
+    assert len(silent_hub) == 1  # one connection: no retry
+    assert "cannot be reached" in str(err.value)
+    assert_hub_line(str(err.value), "roberta-large", "--config.model.encoder")
+
+
+def test_an_answering_hub_gets_the_online_load(answering_hub):
+    load = Loader()
+    assert hub.fetch("roberta-large", load) == "files"
+    assert load.calls == [True, False] and answering_hub == ["HEAD"]
+
+
+def test_tokenizer_and_weights_of_an_absent_name_fail_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hub.HubUnavailableError) as err:
+        tokenizers.load_tokenizer(ABSENT, flag="--config.model.encoder")
+    assert_hub_line(str(err.value), ABSENT, "--config.model.encoder")
+    with pytest.raises(hub.HubUnavailableError) as err:
+        weights.load_pretrained(ABSENT, cache_dir=tmp_path)
+    assert_hub_line(str(err.value), ABSENT, "--config.model.encoder")
+    assert str(tmp_path) in str(err.value)  # the cache it looked in
+
+
+def test_the_tokenizer_flag_follows_the_config():
+    import ml_collections
+
+    seen = {}
+    model = ml_collections.ConfigDict({"tokenizer": "", "encoder": ABSENT})
+    for key in ("encoder", "tokenizer"):
+        model.tokenizer = ABSENT if key == "tokenizer" else ""
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("HF_HUB_OFFLINE", "1")
+            with pytest.raises(hub.HubUnavailableError) as err:
+                tokenizers.build_tokenizer(model, [])
+        seen[key] = str(err.value)
+    assert "--config.model.encoder=DIR" in seen["encoder"]
+    assert "--config.model.tokenizer=DIR" in seen["tokenizer"]
+
+
+def test_warnings_print_as_one_line():
+    saved = warnings.formatwarning
+    try:
+        cli.terminal_setup()
+        data = warnings.formatwarning(
+            TripDataWarning("data/test.jsonl: 5 stories have states for fewer sentences"),
+            TripDataWarning, "/x/trip_jax/data/readers.py", 365, "    return read_pairs(path)")
+        other = warnings.formatwarning("a library's\nmessage", DeprecationWarning, "/y/lib.py",
+                                       7, "    source()")
+    finally:
+        warnings.formatwarning = saved
+        sys.unraisablehook = sys.__unraisablehook__
+    assert data == "warning: data/test.jsonl: 5 stories have states for fewer sentences\n"
+    assert other == "warning: DeprecationWarning: a library's message (/y/lib.py:7)\n"
+
+
+def test_leftovers_of_an_aborted_read_go_to_the_debug_log(caplog, capsys):
+    saved = warnings.formatwarning
+    try:
+        cli.terminal_setup()
+        with caplog.at_level(logging.DEBUG):
+            unraisable = type("U", (), {"exc_type": RuntimeError, "object": None,
+                                        "exc_value": RuntimeError("Event loop is closed"),
+                                        "exc_traceback": None, "err_msg": None})()
+            sys.unraisablehook(unraisable)
+    finally:
+        warnings.formatwarning = saved
+        sys.unraisablehook = sys.__unraisablehook__
+    assert capsys.readouterr().err == ""
+    assert any("Event loop is closed" in r.getMessage() for r in caplog.records)
+
+
+def test_backend_search_is_quiet_unless_debugging():
+    logger = logging.getLogger(jax_setup.BACKEND_LOGGER)
+    level, verbosity = logger.level, absl_logging.get_verbosity()
+    try:
+        for setting, hidden in ((absl_logging.INFO, True), (absl_logging.DEBUG, False)):
+            logger.setLevel(logging.NOTSET)
+            absl_logging.set_verbosity(setting)
+            jax_setup.quiet_backend_search()
+            assert logger.level == (logging.WARNING if hidden else logging.NOTSET)
+    finally:
+        logger.setLevel(level)
+        absl_logging.set_verbosity(verbosity)
+
+
+def decoding_metrics():
+    import test_reports
+
+    scores, _ = test_reports.scored()
+    tiers = {f"{method}/{tier}": scores[tier] for method in ("reference", "coherent")
+             for tier in ("accuracy", "consistency", "verifiability")}
+    return {**scores, **tiers, "decoding": "coherent"}
+
+
+def test_reports_mark_a_story_choice_no_loss_trained():
+    metrics = decoding_metrics()
+    untrained = reports.markdown_summary("test", metrics, {"story_loss_weight": 0.0})
+    assert "| reference (story choice untrained) |" in untrained
+    assert "| coherent |" in untrained
+    assert "story loss weight 0" in untrained
+    for metadata in ({"story_loss_weight": 0.05}, {}):  # trained, or unknown (a scored file)
+        text = reports.markdown_summary("test", metrics, metadata)
+        assert "untrained" not in text and "| reference |" in text
+
+
+def flip(path):
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def damaged_workdir(trained_workdir, tmp_path_factory):
+    """A copy of the trained tiny run whose selected checkpoint has a damaged OCDBT manifest
+    (TensorStore fails reading every array)."""
+    workdir = tmp_path_factory.mktemp("contact") / "damaged"
+    shutil.copytree(trained_workdir, workdir, ignore=shutil.ignore_patterns("eval"))
+    step = max((workdir / "checkpoints" / "selected").glob("[0-9]*"), key=lambda p: int(p.name))
+    flip(step / "params" / "manifest.ocdbt")
+    return workdir, step
+
+
+def test_the_untrained_story_choice_is_marked_in_a_run_report(trained_workdir):
+    config = json.loads((trained_workdir / "config.json").read_text())
+    assert config["loss"]["story_weight"] == 0  # tiny.py's default loss preset, omit_story
+    assert "| reference (story choice untrained) |" in (
+        trained_workdir / "reports" / "test.md").read_text()
+
+
+def test_a_damaged_checkpoint_is_one_line_without_tensorstore(damaged_workdir, caplog):
+    workdir, step = damaged_workdir
+    with caplog.at_level(logging.DEBUG, logger="absl"):
+        with pytest.raises(checkpoints.DamagedCheckpointError) as err:
+            checkpoints.restore_for_eval(str(workdir))
+    message = str(err.value)
+    assert re.fullmatch(rf"checkpoint {re.escape(str(step))} is damaged or unreadable: could "
+                        r"not restore its array [\w.]+, file params/manifest\.ocdbt \(.*\)",
+                        message), message
+    assert "tensorstore" not in message.lower() and "{" not in message
+    causes = [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+    assert any("manifest.ocdbt" in str(r.exc_info[1]) for r in causes), causes
+
+
+def test_unreadable_part_without_a_tensorstore_message(tmp_path):
+    where = tmp_path / "4"
+    assert checkpoints.unreadable_part(UnicodeDecodeError("utf-8", b"\x99", 0, 1, "bad"),
+                                       where, ["meta"]) == "meta/ folder"
+
+
+def terminal_lines(result: subprocess.CompletedProcess) -> list[str]:
+    """What a person reads on the terminal besides the log: stdout and stderr, log lines out."""
+    return [line for line in (result.stdout + result.stderr).splitlines()
+            if line.strip() and not LOG_LINE.match(line)]
+
+
+def test_each_readme_command_fails_in_at_most_two_lines(damaged_workdir, data_dir, tmp_path,
+                                                        compilation_cache_dir):
+    """The README's commands, each on its failure path, run side by side (each python start
+    with jax costs seconds): no network, missing data, a bad value, a busy workdir, a damaged
+    checkpoint, a data command on a missing directory."""
+    main = [sys.executable, "-m", "trip_jax.main"]
+    tiny = [*main, "--config=configs/tiny.py", f"--config.data.data_dir={data_dir}"]
+    busy = tmp_path / "busy"
+    cases = {  # name: (command, extra environment, exit status, what the error line says)
+        "no network": ([*main, "--config=configs/roberta.py", f"--workdir={tmp_path / 'r'}"],
+                       {"HF_HOME": str(tmp_path / "hf_empty"), "TRIP_DATA_DIR": data_dir}, 2,
+                       "could not load 'roberta-large'"),
+        "missing data": ([*main, "--config=configs/tiny.py", f"--workdir={tmp_path / 'm'}",
+                          f"--config.data.data_dir={tmp_path / 'no_data'}"], {}, 1,
+                         str(tmp_path / "no_data")),
+        "bad value": ([*tiny, f"--workdir={tmp_path / 'b'}", "--config.train.learning_rate=-1"],
+                      {}, 2, "learning_rate"),
+        "busy workdir": ([*tiny, f"--workdir={busy}"], {}, 2, str(os.getpid())),
+        "damaged checkpoint": ([*tiny, f"--workdir={damaged_workdir[0]}", "--mode=evaluate"],
+                               {}, 1, "is damaged or unreadable"),
+        "data stats": ([sys.executable, "-m", "trip_jax.data", "stats",
+                        f"--data_dir={tmp_path / 'no_data'}"], {}, 1, str(tmp_path / "no_data")),
+    }
+    base = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)}
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        base.pop(key, None)  # the hub is tried, and cannot be reached
+    busy.mkdir()
+    with workdir_lock.acquire(str(busy)):
+        running = {name: subprocess.Popen(command, cwd=REPO, env={**base, **env},
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True)
+                   for name, (command, env, _, _) in cases.items()}
+        results = {}
+        for name, process in running.items():
+            out, err = process.communicate(timeout=600)
+            results[name] = subprocess.CompletedProcess(process.args, process.returncode,
+                                                        out, err)
+    for name, (_, _, status, says) in cases.items():
+        result = results[name]
+        lines = terminal_lines(result)
+        assert result.returncode == status, (name, result.stderr[-3000:])
+        assert len(lines) <= 2, (name, lines)
+        errors = [line for line in lines if line.startswith("error: ")]
+        assert len(errors) == 1 and says in errors[0], (name, lines)
+        assert "Traceback" not in result.stderr, name
+        assert "Unable to initialize backend" not in result.stderr, name
+    offline = results["no network"]
+    assert "Retrying" not in offline.stderr  # no retry storm
+    assert_hub_line(terminal_lines(offline)[-1].removeprefix("error: "), "roberta-large",
+                    "--config.model.encoder")
