@@ -114,13 +114,15 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
 def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None = None
                     ) -> list[str]:
     """The tiers of every decoding of the same outputs (trip_jax/evaluation/decoding.py), side
-    by side; with ``story_loss_weight`` 0 the decodings of ``decoding.READS_STORY_SCORE`` are
-    marked "story choice untrained", with a note saying why."""
+    by side; with ``story_loss_weight`` 0 the decodings of ``decoding.READS_STORY_SCORE`` other
+    than the headline one are marked "story choice untrained", with a note saying why."""
     methods = [key.split("/")[0] for key in metrics if key.endswith("/accuracy")]
     if not methods:
         return []
-    untrained = [m for m in methods
-                 if story_loss_weight == 0 and m in decoding.READS_STORY_SCORE]
+    # Marked only beside another headline: a run that reports it as its headline (the paper's
+    # omit_story model) chose it knowingly.
+    untrained = [m for m in methods if story_loss_weight == 0 and m != metrics.get("decoding")
+                 and m in decoding.READS_STORY_SCORE]
     lines = ["", "## Decodings of the same outputs", "",
              f"The scores above are those of the `{metrics.get('decoding')}` decoding.", "",
              "| Decoding | Accuracy (%) | Consistency (%) | Verifiability (%) |",
