@@ -82,8 +82,8 @@ def _scored_card(record: Mapping[str, Any], pair: StoryPair,
 
 def _predicted_card(record: Mapping[str, Any]) -> dict[str, Any]:
     """The card of a ``--mode=predict`` answer (no gold), or of a line it skipped."""
-    card: dict[str, Any] = {"id": str(record["id"] if record.get("id") is not None
-                                      else record["line"])}
+    card: dict[str, Any] = {"id": str(record["id"]) if record.get("id") is not None
+                            else f"line-{record['line']}"}
     if "error" in record:
         return {**card, "s": [[], []], "note": f"line {record['line']} skipped: {record['error']}"}
     conflict = record["conflict"]

@@ -2,7 +2,7 @@
 (function () {
   const data = JSON.parse(document.getElementById("explorer-data").textContent);
   const pairs = data.pairs;
-  const CHUNK = 40;
+  const CHUNK = 100;
   const $ = (id) => document.getElementById(id);
   const list = $("cards"), more = $("more"), count = $("count");
   const filters = {outcome: $("f-outcome"), mode: $("f-mode"), marker: $("f-marker"),
