@@ -100,7 +100,7 @@ def expected_rows(record) -> list[list[str]]:
     marks = {"wrong": "✗ wrong", "right": "✓", "missed": "not predicted (not counted)"}
     rows = []
     for s in record["deciding_states"]:
-        mark = explorer._mark(s)
+        mark = explorer.state_mark(s)
         rows.append([s["entity"], s["attribute"], f"{s['side']}, sentence {s['sentence'] + 1}",
                      s["gold_value"], s["predicted_value"], marks[mark], mark])
     return rows

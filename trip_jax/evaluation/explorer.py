@@ -50,7 +50,7 @@ def failure_mode_name(mode: tuple[bool, bool, bool]) -> str:
                       for tier, right in zip(("story", "conflict", "states"), mode, strict=True))
 
 
-def _mark(state: Mapping[str, Any]) -> str:
+def state_mark(state: Mapping[str, Any]) -> str:
     """'wrong' / 'right' (a nontrivial prediction the metric checks), 'missed' (a gold state the
     model left trivial, which the metric does not count)."""
     if not state["counted"]:
@@ -62,17 +62,16 @@ def _scored_card(record: Mapping[str, Any], pair: StoryPair,
                  curated: set[str] | None) -> dict[str, Any]:
     """The card of an evaluated or scored pair: gold beside the prediction."""
     explanation = record.get("explanation") or {}
-    conflict = explanation.get("conflict")
     mode = (record["correct"], record["conflict_correct"], record["states_correct"])
     card = {"id": record["pair_id"], "cur": None if curated is None else pair.pair_id in curated,
             "lab": record["label"], "pred": record["predicted_story"],
             "out": outcome(record), "fm": FAILURE_MODES.index(mode),
             "s": [list(story.sentences) for story in pair.stories],
             "gc": record["gold_conflict"], "pc": record["predicted_conflict"],
-            "ec": [conflict["evidence"], conflict["breakpoint"]] if conflict else None,
             "ex": explanation.get("text", ""),
             "st": [[s["entity"], s["attribute"], s["side"], s["sentence"], s["gold_value"],
-                    s["predicted_value"], _mark(s)] for s in record.get("deciding_states", ())],
+                    s["predicted_value"], state_mark(s)]
+                   for s in record.get("deciding_states", ())],
             "dec": {method: outcome(flags)
                     for method, flags in record.get("by_decoding", {}).items()}}
     if record.get("missing"):
