@@ -378,8 +378,8 @@ def test_command_writes_the_report_set_and_prints_one_line(cases, data_dir, tmp_
     (line,) = result.stdout.splitlines()
     assert line == "five: 5 pairs, accuracy / consistency / verifiability 80.0 / 60.0 / 40.0 %"
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["five.attributes.png", "five.failure_modes.png", "five.json", "five.md",
-                     "five.predictions.jsonl"]
+    assert names == ["five.attributes.png", "five.failure_modes.png", "five.html", "five.json",
+                     "five.md", "five.predictions.jsonl"]
     report = json.loads((out / "five.json").read_text())
     assert report["format"] == "minimal" and report["metrics"]["precondition_f1"] is None
     assert report["data_files"] == {str(data): hashlib.sha256(data.read_bytes()).hexdigest()}

@@ -34,7 +34,7 @@ from etils import epath
 
 from trip_jax import cli
 from trip_jax.data import curated, schema
-from trip_jax.evaluation import explain, metrics, random_baseline, reports
+from trip_jax.evaluation import explain, explorer, metrics, random_baseline, reports
 from trip_jax.runtime import paths
 from trip_jax.evaluation import prediction_formats as formats
 from trip_jax.evaluation import prediction_matching as matching
@@ -129,8 +129,9 @@ def pair_records(matched: Sequence[matching.Matched], pairs: Sequence[StoryPair]
                  arrays: metrics.TieredArrays, outcomes: dict[str, np.ndarray]
                  ) -> list[dict[str, Any]]:
     """One record per data pair, in data order: id, where in the file, gold story, outcome
-    (``metrics.outcome_record``), the stated predictions and, where the conflict is a pair of the
-    story predicted implausible, ``explain.explain_pair``'s explanation."""
+    (``metrics.outcome_record``), the stated predictions, the states that decide verifiability
+    (``explain.deciding_states``) and, where the conflict is a pair of the story predicted
+    implausible, ``explain.explain_pair``'s explanation."""
     by_pair = {m.n: m for m in matched}
     records = []
     for n, pair in enumerate(pairs):
@@ -144,6 +145,11 @@ def pair_records(matched: Sequence[matching.Matched], pairs: Sequence[StoryPair]
             records.append(record)
             continue
         record["prediction"] = _stated(m, pair)
+        k = 1 - pair.label
+        record["deciding_states"] = explain.deciding_states(
+            k, record["gold_conflict"], arrays.pre_label[n], arrays.pre_pred[n],
+            arrays.eff_label[n], arrays.eff_pred[n], pair.stories[k].entities,
+            pair.stories[k].num_sentences)
         if m.entry.flags:
             record["file_flags"] = dict(m.entry.flags)
         if len(m.entry.conflict) == 2 and m.conflict_story == 1 - m.story_pred:
@@ -295,9 +301,13 @@ def _marker_split(args: argparse.Namespace, pairs: Sequence[StoryPair],
                   records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """``curated.marker_split`` of the scored pairs: the marker of ``--split`` in the data
     directory (that of ``--data_file`` when given); "marker not found" without it."""
-    data_dir = (os.path.dirname(os.path.abspath(args.data_file)) if args.data_file
-                else readers.default_data_dir(args.data_dir))
-    return curated.split_pairs_by_marker(pairs, records, data_dir, args.split)
+    return curated.split_pairs_by_marker(pairs, records, _marker_dir(args), args.split)
+
+
+def _marker_dir(args: argparse.Namespace) -> str:
+    """The directory of the curated marker: that of ``--data_file``, else the data directory."""
+    return (os.path.dirname(os.path.abspath(args.data_file)) if args.data_file
+            else readers.default_data_dir(args.data_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -330,14 +340,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     metadata["notes"] = metadata["notes"] + reader_notes
     try:
         by_marker = _marker_split(args, pairs, scored.records)
+        curated_ids = curated.curated_ids(pairs, _marker_dir(args), args.split)[0]
     except readers.TripDataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    baselines = {random_baseline.report_name(): baseline}
     try:
         written = reports.write_report(epath.Path(args.out), args.split, scored.scores, metadata,
-                                     scored.records,
-                                     baselines={random_baseline.report_name(): baseline},
-                                     by_marker=by_marker)
+                                       scored.records, baselines=baselines, by_marker=by_marker)
+        written["explorer"] = explorer.write_page(
+            epath.Path(args.out) / f"{args.split}.html", f"TRIP explorer: {name}, {args.split}",
+            scored.records, pairs=pairs, curated=curated_ids,
+            plot_paths=explorer.report_plots(written), metrics=scored.scores,
+            metadata=metadata, baselines=baselines, by_marker=by_marker)
     except OSError as err:
         print(f"error: --out: cannot write the report to {args.out}: {err}", file=sys.stderr)
         return 1

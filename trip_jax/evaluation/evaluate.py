@@ -11,7 +11,8 @@ from the workdir alone (``checkpoints.restore_for_eval``), scores ``split`` of t
 ``config.data`` describes (its model must be the checkpoint's, else ``CheckpointError``) and
 writes ``write_checkpoint_report``'s files as ``WORKDIR/eval/SPLIT.KIND-STEP.*`` (e.g.
 ``test.selected-1016.json``: two checkpoints never overwrite each other): the report set of
-``trip_jax.evaluation.reports.write_report`` with per-pair outcomes and explanations. Training's final test
+``trip_jax.evaluation.reports.write_report`` with per-pair outcomes and explanations, and the
+explorer page ``SPLIT.KIND-STEP.html`` (``trip_jax.evaluation.explorer``). Training's final test
 reports come from the same function. ``random_baseline_report(config, workdir, split)``
 (``--mode=random_baseline``) writes ``WORKDIR/eval/random_baseline.SPLIT.*``; no checkpoint.
 """
@@ -31,7 +32,7 @@ from absl import logging
 from etils import epath
 
 from trip_jax.data import batch_contract, curated, input_pipeline, protocol
-from trip_jax.evaluation import decoding, explain, metrics, random_baseline, reports
+from trip_jax.evaluation import decoding, explain, explorer, metrics, random_baseline, reports
 from trip_jax.runtime import sharding
 from trip_jax.training import checkpoints, losses
 from trip_jax.data import layouts
@@ -220,8 +221,8 @@ class Evaluator:
         """Scores ``params`` under the evaluator's decoding (``decoded_scores``: tiered metrics,
         every decoding's tiers side by side) plus mean losses ("loss/NAME"), with per-pair
         records (pair id, label, predicted story, ``metrics.outcome_record``, every decoding's
-        tiers, and with ``explain`` the explanation, naming the backing states when decoding
-        is coherent)."""
+        tiers, the states that decide verifiability (``explain.deciding_states``), and with
+        ``explain`` the explanation, naming the backing states when decoding is coherent)."""
         predictions = self.predict(params)
         merged = predictions.arrays
         scores, decoded, outcomes = decoded_scores(merged, self.decoding)
@@ -230,12 +231,17 @@ class Evaluator:
         for n, i in enumerate(merged["pair_index"]):
             pair = self.pairs[int(i)]
             story_pred = int(decoded.story_pred[n])
-            record = {"pair_id": pair.pair_id, "label": int(merged["story_label"][n]),
+            label = int(merged["story_label"][n])
+            record = {"pair_id": pair.pair_id, "label": label,
                       "predicted_story": story_pred, "decoding": self.decoding.method,
                       **metrics.outcome_record(outcomes[self.decoding.method], n),
                       "by_decoding": {method: {key: bool(result[key][n]) for key in (
                           "correct", "consistent", "verifiable")}
                           for method, result in outcomes.items()}}
+            record["deciding_states"] = explain.deciding_states(
+                1 - label, record["gold_conflict"], merged["pre_label"][n], decoded.pre_pred[n],
+                merged["eff_label"][n], decoded.eff_pred[n], pair.stories[1 - label].entities,
+                pair.stories[1 - label].num_sentences)
             if self.explain:
                 found = decoded.contradictions[n]
                 record["explanation"] = explain.explain_pair(
@@ -282,13 +288,29 @@ def write_checkpoint_report(out_dir: str | os.PathLike, split: str,
                             ) -> dict[str, Any]:
     """Writes a checkpoint's report of one split (module docstring) as ``out_dir/STEM.*``
     (default stem: ``split``), with the random baseline of the same ``pairs`` as a comparison
-    row and the tiers of the curated and the implicit pairs (``marker_split``); returns
-    ``reports.write_report``'s paths."""
+    row and the tiers of the curated and the implicit pairs (``marker_split``), and its
+    explorer page ``STEM.html`` (``explorer.write_page``); returns ``reports.write_report``'s
+    paths and "explorer"."""
     row = random_baseline.random_baseline(pairs, seeds=random_baseline.SEEDS)
-    return reports.write_report(epath.Path(out_dir), split, evaluation.scores,
-                                report_metadata(restored, splits), evaluation.records,
-                                baselines={baseline_name(): row}, stem=stem,
-                                by_marker=marker_split(splits, split, pairs, evaluation.records))
+    metadata = report_metadata(restored, splits)
+    by_marker = marker_split(splits, split, pairs, evaluation.records)
+    stem = stem or split
+    paths = reports.write_report(epath.Path(out_dir), split, evaluation.scores, metadata,
+                                 evaluation.records, baselines={baseline_name(): row},
+                                 stem=stem, by_marker=by_marker)
+    paths["explorer"] = explorer.write_page(
+        epath.Path(out_dir) / f"{stem}.html", f"TRIP explorer: {stem}", evaluation.records,
+        pairs=pairs, curated=curated.curated_ids(pairs, *_marker_place(splits, split))[0],
+        plot_paths=explorer.report_plots(paths), metrics=evaluation.scores, metadata=metadata,
+        baselines={baseline_name(): row}, by_marker=by_marker)
+    return paths
+
+
+def _marker_place(splits: protocol.ProtocolSplits, split: str) -> tuple[str, str]:
+    """(the directory of the split's data files, the data split it was read from): where its
+    curated marker is."""
+    return (os.path.dirname(next(iter(splits.files.values()))),
+            curated.source_split(split, splits.protocol))
 
 
 def marker_scalars(by_marker: Mapping[str, Any]) -> dict[str, float]:
@@ -305,9 +327,7 @@ def marker_split(splits: protocol.ProtocolSplits, split: str, pairs: Sequence[St
                  records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``curated.marker_split`` of one protocol split's records, the marker file read from the
     directory of the split's data files ("marker not found" when it is not there)."""
-    data_dir = os.path.dirname(next(iter(splits.files.values())))
-    return curated.split_pairs_by_marker(pairs, records, data_dir,
-                                         curated.source_split(split, splits.protocol))
+    return curated.split_pairs_by_marker(pairs, records, *_marker_place(splits, split))
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.PathLike,

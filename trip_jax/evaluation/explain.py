@@ -141,3 +141,41 @@ def explanation_text(explanation: dict[str, Any]) -> str:
                  f"{backing['effect_value']}, but sentence {j} needs it "
                  f"{backing['precondition_value']}.")
     return text
+
+
+def deciding_states(implausible: int, gold_conflict: Sequence[int], pre_label: Any,
+                    pre_pred: Any, eff_label: Any, eff_pred: Any,
+                    entities: Sequence[str], num_sentences: int) -> list[dict[str, Any]]:
+    """The states that decide verifiability, gold against predicted, for every entity.
+
+    In the gold implausible story ``implausible`` with its gold conflict (i, j) =
+    ``gold_conflict``: the effects at i and the preconditions at j where the gold label or the
+    prediction is nontrivial (non-zero, not the attribute's default). ``*_label`` / ``*_pred``
+    are [2, E, S, 20] (or one [E_k, S_k, 20] array per story; padding allowed); ``entities``
+    are story ``implausible``'s names. One dict per (entity, side, attribute): "entity",
+    "side", "sentence", "attribute", "gold", "predicted" (labels), "gold_value",
+    "predicted_value" (words), "counted" (the prediction is nontrivial, so the verifiability
+    metric checks it) and "wrong" (counted and not the gold label). Empty when the gold conflict
+    is not a pair. The metric's ``states_correct`` is: some row counted and none wrong.
+    """
+    if len(gold_conflict) != 2:
+        return []
+    i, j = (int(s) for s in gold_conflict)
+    default = schema.default_values_array()
+    rows = []
+    for side, sentence, gold, pred in (("effect", i, eff_label, eff_pred),
+                                       ("precondition", j, pre_label, pre_pred)):
+        g = _story_arrays(gold, implausible, len(entities), num_sentences)[:, sentence]
+        p = _story_arrays(pred, implausible, len(entities), num_sentences)[:, sentence]
+        for e, entity in enumerate(entities):
+            counted = (p[e] != 0) & (p[e] != default)
+            for a in np.flatnonzero(((g[e] != 0) & (g[e] != default)) | counted):
+                attr = schema.ATTRIBUTES[a]
+                gold_label, pred_label = int(g[e, a]), int(p[e, a])
+                rows.append({"entity": entity, "side": side, "sentence": sentence,
+                             "attribute": attr, "gold": gold_label, "predicted": pred_label,
+                             "gold_value": schema.label_name(attr, gold_label),
+                             "predicted_value": schema.label_name(attr, pred_label),
+                             "counted": bool(counted[a]),
+                             "wrong": bool(counted[a] and pred_label != gold_label)})
+    return rows

@@ -14,7 +14,8 @@ For every pair the model's answer is printed (which story is plausible, the conf
 pair, the physical states behind it in words: ``explain.explanation_text``) and written as one
 JSON object a line (``explain.explain_pair`` plus ``line``, ``id``, ``stories``, ``entities``,
 ``entity_source``, ``story_scores``, ``decoding``) to ``--output`` (default
-``WORKDIR/predict/<stem>.jsonl``). The answer is decoded as ``config.decoding`` says
+``WORKDIR/predict/<stem>.jsonl``), with the explorer page of the answers beside it (same stem,
+``.html``). The answer is decoded as ``config.decoding`` says
 (``trip_jax.evaluation.decoding``); with coherent decoding it also names the backing contradiction: the
 entity, attribute and the two predicted states the conflict was decoded from.
 A line that cannot be answered (bad JSON, a missing or malformed field, a story longer than the
@@ -37,7 +38,7 @@ from absl import logging
 from etils import epath
 
 from trip_jax.data import input_pipeline
-from trip_jax.evaluation import decoding, evaluate, explain, reports
+from trip_jax.evaluation import decoding, evaluate, explain, explorer, reports
 from trip_jax.training import checkpoints
 from trip_jax.data import entities as entity_lib
 from trip_jax.data import layouts
@@ -268,12 +269,18 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
 
 def _write(output: epath.Path, answers: list[dict], problems: dict[int, str],
            input_path: str) -> None:
-    """Writes answers and problems in line order (one JSON object per input line)."""
+    """Writes answers and problems in line order (one JSON object per input line), and the
+    explorer page of them beside (``explorer.write_page``, the output's stem + ``.html``)."""
     lines = _read_lines(input_path)
     records = answers + [{"line": line, "id": _id_of(lines[line - 1]), "error": message}
                          for line, message in problems.items()]
+    records = sorted(records, key=lambda r: r["line"])
     output.parent.mkdir(parents=True, exist_ok=True)
-    reports.write_predictions(output, sorted(records, key=lambda r: r["line"]))
+    reports.write_predictions(output, records)
+    page = output.with_suffix(".html")
+    page = page if page != output else output.with_name(output.name + ".explorer.html")
+    explorer.write_page(page, f"TRIP explorer: {output.stem}", records,
+                        metadata={"input": input_path})
 
 
 def describe(answer: dict[str, Any]) -> str:
