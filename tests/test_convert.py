@@ -10,11 +10,10 @@ mask. Equality is checked on real TRIP test pairs.
 
 from __future__ import annotations
 
-import dataclasses
-import io
 import json
 import os
 import pickle
+import pickletools
 import subprocess
 import sys
 import types
@@ -342,14 +341,22 @@ def rewrite_pickle(path, out, replace: dict[bytes, bytes] | None = None,
 
 
 def test_transformers_4_2_module_paths_load(authors_files, converted, tmp_path):
+    """transformers 4.2.2's layout: flat module paths, and the activation a plain function
+    attribute (torch.nn.functional.gelu, pickled as torch._C._nn.gelu) instead of a GELUActivation module."""
     path, tok_dir = authors_files["bert"]
-    old = rewrite_pickle(path, tmp_path / "old.pth", {
+    model = torch.load(path, weights_only=False)
+    for layer in model.embedding.encoder.layer:
+        del layer.intermediate.intermediate_act_fn
+        layer.intermediate.intermediate_act_fn = torch.nn.functional.gelu
+    torch.save(model, tmp_path / "classifiers.pth")
+    old = rewrite_pickle(tmp_path / "classifiers.pth", tmp_path / "old.pth", {
         b"transformers.models.bert.modeling_bert\n": b"transformers.modeling_bert\n",
-        b"transformers.models.bert.configuration_bert\n": b"transformers.configuration_bert\n",
-        b"transformers.activations\nGELUActivation": b"transformers.activations\ngelu"})
-    globals_ = {arg for op, arg, _ in __import__("pickletools").genops(
-        zipfile.ZipFile(old).read("classifiers/data.pkl")) if op.name == "GLOBAL"}
+        b"transformers.models.bert.configuration_bert\n": b"transformers.configuration_bert\n"})
+    data = zipfile.ZipFile(old).read("classifiers/data.pkl")
+    globals_ = {arg for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
     assert "transformers.modeling_bert BertModel" in globals_
+    assert "torch._C._nn gelu" in globals_  # torch.nn.functional.gelu
+    assert not any("GELUActivation" in g for g in globals_)
     convert.convert(str(old), str(tmp_path / "run"), encoder=str(tok_dir))
     new = jax.device_get(checkpoints.restore_for_eval(str(tmp_path / "run")).params)
     reference = jax.device_get(checkpoints.restore_for_eval(str(converted["bert"])).params)

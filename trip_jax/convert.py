@@ -28,23 +28,16 @@ import shutil
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 from absl import app, flags, logging
-from flax import traverse_util
 
 from trip_jax import cli
-from trip_jax.config import checks
-from trip_jax.data import tokenizers
 from trip_jax.interop import authors_model, torch_pickle
-from trip_jax.models import builders
-from trip_jax.training import checkpoints
 
 FLAGS = flags.FLAGS
 STEP = 0
-# model.tiered keys of a config that the pickle does not decide but that must be the exact
-# reference mode's for the authors' forward pass (docs/exact-mode.md).
-_EXACT = {"decoding.method": "reference"}
+# jax, flax, orbax and transformers are imported once the file has been read and checked, so
+# that a bad file is refused in a fraction of a second.
 
 
 def define_flags(values: flags.FlagValues = FLAGS) -> None:
@@ -77,6 +70,8 @@ def check_workdir(workdir: str) -> None:
 
 def _config(argument: str | None, model: authors_model.AuthorsModel, encoder: str):
     """The run's config: the config file, in the exact mode, with the pickle's model keys."""
+    from trip_jax.config import checks
+
     argument = argument or f"configs/{model.model_type}.py"
     config = cli.load_config_file(argument)
     base = importlib.import_module("configs.base")  # importable: the config file just used it
@@ -119,6 +114,13 @@ def convert(authors_file: str, workdir: str, *, encoder: str | None = None,
     check_workdir(workdir)
     obj = torch_pickle.load(authors_file)
     model = authors_model.read_pipeline(obj, authors_file)
+    import jax
+    from flax import traverse_util
+
+    from trip_jax.data import tokenizers
+    from trip_jax.models import builders
+    from trip_jax.training import checkpoints
+
     name = encoder or model.name_or_path
     if not name:
         raise ConvertError(f"{authors_file}: the pickled encoder config does not name the model "
@@ -156,6 +158,11 @@ def convert(authors_file: str, workdir: str, *, encoder: str | None = None,
 def _write(workdir: str, config, hf_config, tokenizer, params, meta) -> None:
     """Writes the run into a temporary sibling, restores and compares the checkpoint, then
     renames it to ``workdir`` (so a failure leaves nothing at ``workdir``)."""
+    import jax
+    from flax import traverse_util
+
+    from trip_jax.training import checkpoints
+
     target = Path(workdir).absolute()
     staging = target.with_name(f".{target.name}.converting")
     if staging.exists():

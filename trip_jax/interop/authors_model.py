@@ -22,7 +22,6 @@ import numpy as np
 
 from trip_jax.data import schema
 from trip_jax.interop.torch_pickle import NamedFunction, Record
-from trip_jax.models import weights
 
 Path_ = tuple[str, ...]
 
@@ -236,6 +235,8 @@ def _encoder(tensors: dict[str, np.ndarray], expected: Mapping[Path_, Any],
              flat: dict[Path_, np.ndarray], source: str) -> None:
     """The encoder's tensors (``embedding.*``) through the Hugging Face renaming of
     ``trip_jax.models.weights``."""
+    from trip_jax.models import weights  # jax and flax: only once the file has been read
+
     prefix = "embedding."
     names = [n for n in tensors if n.startswith(prefix)]
     checkpoint = {tuple(n[len(prefix):].split(".")): tensors.pop(n) for n in names}
@@ -260,7 +261,8 @@ def _heads(take, expected, flat, model: AuthorsModel) -> None:
         for i, n in enumerate(schema.NUM_CLASSES):
             dense_k.append(take(f"{group}.{i}.dense.weight").T)
             dense_b.append(take(f"{group}.{i}.dense.bias"))
-            kernel, bias = take(f"{group}.{i}.out_proj.weight").T, take(f"{group}.{i}.out_proj.bias")
+            kernel = take(f"{group}.{i}.out_proj.weight").T
+            bias = take(f"{group}.{i}.out_proj.bias")
             if kernel.shape[1] != n:
                 raise AuthorsModelError(f"{group}.{i}.out_proj has {kernel.shape[1]} classes; "
                                         f"attribute {schema.ATTRIBUTES[i]} has {n}")
