@@ -272,7 +272,8 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
         authors_files, pairs, tmp_path, data_dir, compilation_cache_dir):
     """The commands a user runs: convert (RoBERTa: the tokenizer named by the pickle), then
     ``--mode=evaluate`` with the printed command; each pair's story, conflicting sentences and
-    tier outcome equal what the pickled model decodes."""
+    tier outcome equal what the pickled model decodes; ``--mode=predict`` on the same pairs
+    gives its story scores."""
     path, _ = authors_files["roberta"]
     workdir = tmp_path / "run"
     result = run_convert(f"--authors_model={path}", f"--workdir={workdir}")
@@ -291,6 +292,20 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
     lines = (workdir / "eval" / "test.selected-0.predictions.jsonl").read_text().splitlines()
     records = {r["pair_id"]: r for r in map(json.loads, lines)}
     assert len(records) == len(pairs) == 8
+
+    # --mode=predict on the same pairs (entities given): the pickled model's story scores.
+    request = tmp_path / "pairs.jsonl"
+    request.write_text("".join(json.dumps({
+        "id": p.pair_id, "stories": [list(s.sentences) for s in p.stories],
+        "entities": [list(s.entities) for s in p.stories]}) + "\n" for p in pairs))
+    predicted = subprocess.run(
+        [sys.executable, *command[1:-2], "--mode=predict", f"--input={request}",
+         "--config.train.eval_batch_size=4"],
+        cwd=convert_repo(), env=env, capture_output=True, text=True, timeout=600)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    answers = {a["id"]: a for a in map(json.loads, (workdir / "predict" / "pairs.jsonl")
+                                       .read_text().splitlines())}
+    assert len(answers) == 8
 
     restored = checkpoints.restore_for_eval(str(workdir))
     batches, pad_id = dense_batches(pairs, restored.tokenizer)
@@ -314,6 +329,10 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
             record = records[encoded_ids[int(index)]]
             expected = metrics.outcome_record(outcomes, n)
             assert record["predicted_story"] == int(arrays.story_pred[n])
+            answer = answers[encoded_ids[int(index)]]
+            assert answer["plausible_story"] == int(arrays.story_pred[n])
+            np.testing.assert_allclose(answer["story_scores"],
+                                       theirs["story_score"][pair][n], atol=1e-4)
             for key in ("predicted_conflict", "gold_conflict", "correct", "consistent",
                         "verifiable"):
                 assert record[key] == expected[key], (record["pair_id"], key)
@@ -369,6 +388,22 @@ def test_reader_never_imports_or_runs_what_the_pickle_names(authors_files):
     loaded = torch_pickle.load(path)
     assert loaded.qualname == f"{AUTHORS_MODULE}.TieredModelPipeline"
     assert not {m for m in set(sys.modules) - before if m.startswith(("www", "transformers"))}
+
+
+def test_the_converter_runs_without_torch(authors_files, converted, tmp_path):
+    """torch is a test dependency only: with ``import torch`` failing, the same workdir."""
+    path, tok_dir = authors_files["bert"]
+    workdir = tmp_path / "run"
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from trip_jax import convert\n"
+            f"convert.convert({str(path)!r}, {str(workdir)!r}, encoder={str(tok_dir)!r})\n"
+            "assert sys.modules['torch'] is None\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=convert_repo(),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    new = jax.device_get(checkpoints.restore_for_eval(str(workdir)).params)
+    reference = jax.device_get(checkpoints.restore_for_eval(str(converted["bert"])).params)
+    jax.tree.map(np.testing.assert_array_equal, new, reference)
 
 
 class _System:
