@@ -344,11 +344,14 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
 # Other module paths, other files.
 
 def rewrite_pickle(path, out, replace: dict[bytes, bytes] | None = None,
-                   data: bytes | None = None):
-    """A copy of the torch zip ``path`` at ``out`` with data.pkl's bytes replaced."""
+                   data: bytes | None = None, cut_storages: bool = False):
+    """A copy of the torch zip ``path`` at ``out`` with data.pkl's bytes replaced (or every
+    tensor storage cut to 8 bytes)."""
     with zipfile.ZipFile(path) as source, zipfile.ZipFile(out, "w") as target:
         for item in source.infolist():
             content = source.read(item.filename)
+            if cut_storages and "/data/" in item.filename:
+                content = content[:8]
             if item.filename.endswith("data.pkl"):
                 if data is not None:
                     content = data
@@ -425,6 +428,7 @@ def _bad_files(authors_files, tmp_path):
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     evil = rewrite_pickle(path, tmp_path / "evil.pth",
                           data=pickle.dumps(_System(f"touch {marker}"), protocol=2))
+    short = rewrite_pickle(path, tmp_path / "short.pth", cut_storages=True)
     heads = tmp_path / "encoder_only.pth"
     torch.save(torch.load(path, weights_only=False).embedding, heads)
     deberta = rewrite_pickle(path, tmp_path / "deberta.pth", {
@@ -435,6 +439,7 @@ def _bad_files(authors_files, tmp_path):
     return marker, {
         "not_torch": ([not_torch, tmp_path / "w1"], "not a torch.save file"),
         "truncated": ([truncated, tmp_path / "w2"], "not a torch.save file"),
+        "short_storages": ([short, tmp_path / "w6"], "reaches past its storage"),
         "os_system": ([evil, tmp_path / "w3"], "names posix.system"),
         "no_heads": ([heads, tmp_path / "w4"], "without precondition/effect state heads"),
         "deberta": ([deberta, tmp_path / "w5"], "unsupported encoder family"),
@@ -442,8 +447,8 @@ def _bad_files(authors_files, tmp_path):
     }, tok_dir
 
 
-@pytest.mark.parametrize("case", ["not_torch", "truncated", "os_system", "no_heads", "deberta",
-                                  "held_workdir"])
+@pytest.mark.parametrize("case", ["not_torch", "truncated", "short_storages", "os_system",
+                                  "no_heads", "deberta", "held_workdir"])
 def test_bad_files_are_one_line_exit_2_and_nothing_written(case, authors_files, tmp_path):
     marker, cases, tok_dir = _bad_files(authors_files, tmp_path)
     (source, workdir), message = cases[case]

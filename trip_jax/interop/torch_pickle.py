@@ -125,10 +125,20 @@ def _record_class(qualname: str) -> type:
 
 def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad=False, hooks=None,
                        metadata=None):
-    array = storage.array if hasattr(storage, "array") else storage
+    array = storage
+    if not isinstance(array, np.ndarray):
+        raise TorchFileError(f"a tensor is built from {type(array).__name__}, not a storage")
+    size, stride, offset = tuple(map(int, size)), tuple(map(int, stride)), int(offset)
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride) if n > 0)
+    if (len(size) != len(stride) or min(size + stride + (offset,), default=0) < 0
+            or (all(size) and last >= len(array)) or offset > len(array)):
+        raise TorchFileError(f"a tensor of size {size}, stride {stride} and offset {offset} "
+                             f"reaches past its storage of {len(array)} elements")
     itemsize = array.dtype.itemsize
     if not size:
         return np.array(array[offset])
+    if not all(size):
+        return np.zeros(size, array.dtype)
     return np.lib.stride_tricks.as_strided(
         array[offset:], shape=tuple(size), strides=tuple(s * itemsize for s in stride)).copy()
 
@@ -229,10 +239,16 @@ def load(path: str | Path) -> Any:
                 raise TorchFileError(f"{source}: not a torch.save file (a zip archive without "
                                      "one data.pkl)")
             prefix = pickles[0][:-len("data.pkl")]
+            if prefix + "byteorder" in archive.namelist() and \
+                    archive.read(prefix + "byteorder").strip() != b"little":
+                raise TorchFileError(f"{source}: written on a big-endian machine; only "
+                                     "little-endian files are read")
             with archive.open(pickles[0]) as data:
                 return RestrictedUnpickler(data, archive, prefix, source).load()
-    except TorchFileError:
-        raise
+    except TorchFileError as err:
+        if str(err).startswith(source):
+            raise
+        raise TorchFileError(f"{source}: {err}") from None
     except (zipfile.BadZipFile, EOFError, pickle.UnpicklingError, zipfile.LargeZipFile,
             OSError, ValueError, TypeError, AttributeError, IndexError) as err:
         raise TorchFileError(f"{source}: unreadable torch file ({type(err).__name__}: "
