@@ -217,7 +217,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     return rest
 
 
-define_flags()
-
 if __name__ == "__main__":
+    # Defined only when run as a command: trip_jax.main defines --workdir and --config on the
+    # same global FlagValues, and both modules may be imported in one process (the tests).
+    define_flags()
     app.run(main, flags_parser=parse_flags)
