@@ -25,10 +25,11 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     ("data",),
     ("models",),
+    ("interop",),
     ("training",),
     ("evaluation",),
     ("train",),
-    ("main", "score"),
+    ("main", "score", "convert"),
     ("benchmarks",),
 )
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}

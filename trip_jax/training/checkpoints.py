@@ -412,6 +412,19 @@ class RunCheckpoints:
             manager.close()
 
 
+def save_selected(workdir: str, step: int, params, meta: dict) -> None:
+    """Saves ``params`` as the selected checkpoint ``step`` of a workdir that has none (an
+    imported model, ``trip_jax.convert``), with its checksums; waits until it is written."""
+    manager = _manager(workdir, SELECTED)
+    try:
+        manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            meta=ocp.args.JsonSave(with_checksums(meta, params=params))))
+        manager.wait_until_finished()
+    finally:
+        manager.close()
+
+
 @dataclasses.dataclass
 class EvalModel:
     """A trained model rebuilt from its workdir: everything evaluation and prediction need."""

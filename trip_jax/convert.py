@@ -1,0 +1,224 @@
+r"""Imports a TRIP authors' saved model into a workdir: ``python -m trip_jax.convert
+--authors_model=PATH/classifiers.pth --workdir=W [--encoder=HUB_NAME_OR_DIR] [--config=FILE]``.
+
+Reads the pickled ``TieredModelPipeline`` without torch and without running anything it names
+(``trip_jax.interop.torch_pickle``), maps every tensor onto this project's parameter tree
+(``trip_jax.interop.authors_model``) and writes W as a training run would leave it:
+``config.json`` (``--config``, default ``configs/FAMILY.py`` of the pickled encoder, in the
+exact mode with the reference decoding; the encoder, detector sizes, sentence count and loss
+weights taken from the pickle), ``encoder_config.json``, ``tokenizer/`` and one checkpoint
+``checkpoints/selected/0`` that is restored and compared before W appears. Then
+``python -m trip_jax.main --config=FILE --workdir=W --mode=evaluate`` (or ``--mode=predict``)
+and ``python -m trip_jax.score`` read W unchanged; the command to use is printed.
+
+``--encoder`` (a hub name or a directory with the tokenizer files) is needed only where the
+pickled encoder config does not name the model it was loaded from. Bad input (a file that is
+not a readable torch archive, a global outside the allow-list, a model without state heads, an
+unsupported encoder family or ablation, a tokenizer that cannot be loaded, a workdir that already
+holds something) is one ``error: ...`` line, exit status 2, and nothing is written.
+Details: docs/convert.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+from absl import app, flags, logging
+
+from trip_jax import cli
+from trip_jax.interop import authors_model, torch_pickle
+
+FLAGS = flags.FLAGS
+STEP = 0
+# jax, flax, orbax and transformers are imported once the file has been read and checked, so
+# that a bad file is refused in a fraction of a second.
+
+
+def define_flags(values: flags.FlagValues = FLAGS) -> None:
+    """The command's flags (tests pass a fresh FlagValues)."""
+    flags.DEFINE_string("authors_model", None, "The authors' torch.save(model) file "
+                        "(classifiers.pth).", flag_values=values)
+    flags.DEFINE_string("workdir", None, "The new workdir to write (must not exist, or be "
+                        "empty).", flag_values=values)
+    flags.DEFINE_string("encoder", None, "Hub name or directory of the encoder's tokenizer; "
+                        "default: the name the pickled encoder config records.",
+                        flag_values=values)
+    flags.DEFINE_string("config", None, "Config file (PATH[:ARG]) the workdir is evaluated "
+                        "with; default configs/FAMILY.py of the pickled encoder.",
+                        flag_values=values)
+    flags.mark_flags_as_required(["authors_model", "workdir"], flag_values=values)
+
+
+class ConvertError(ValueError):
+    """Bad input to the conversion; the message is the one line shown."""
+
+
+def check_workdir(workdir: str) -> None:
+    """ConvertError when ``workdir`` exists and holds anything (another run's files)."""
+    path = Path(workdir)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        held = sorted(p.name for p in path.iterdir())[:4] if path.is_dir() else []
+        raise ConvertError(f"--workdir={workdir} already holds {', '.join(held) or 'a file'}; "
+                           "pass a new directory (the import writes a fresh run)")
+
+
+def _config(argument: str | None, model: authors_model.AuthorsModel, encoder: str):
+    """The run's config: the config file, in the exact mode, with the pickle's model keys."""
+    from trip_jax.config import checks
+
+    argument = argument or f"configs/{model.model_type}.py"
+    config = cli.load_config_file(argument)
+    base = importlib.import_module("configs.base")  # importable: the config file just used it
+    if base.reference_mode(config) != "exact" or config.decoding.method != "reference":
+        raise ConvertError(f"--config={argument} is not the exact reference mode with the "
+                           "reference decoding, which the authors' model computes")
+    config.model.encoder = encoder
+    config.model.tokenizer = ""
+    config.model.tiered.update(model.tiered)
+    config.data.max_sentences = model.max_sentences
+    for key, weight in zip(("pre_weight", "eff_weight", "conflict_weight", "story_weight"),
+                           model.loss_weights):
+        config.loss[key] = weight
+    checks.check_config(config)
+    return config, argument
+
+
+def _overrides(argument: str, config) -> list[str]:
+    """``--config.KEY=VALUE`` for each model key where ``config`` differs from the file."""
+    fresh = cli.config_values(cli.load_config_file(argument))
+    mine = cli.config_values(config)
+    keys = [k for k in mine if k.startswith(("model.", "data.max_sentences"))
+            and not isinstance(mine[k], type(config)) and mine[k] != fresh.get(k)]
+    return [f"--config.{k}={mine[k]}" for k in sorted(keys)]
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def convert(authors_file: str, workdir: str, *, encoder: str | None = None,
+            config_argument: str | None = None) -> dict:
+    """Writes ``workdir`` from ``authors_file`` (module docstring); returns {"config_argument",
+    "overrides", "dropped", "encoder"}. ConvertError (and the reader's errors, all ValueError)
+    for bad input, before anything is written."""
+    check_workdir(workdir)
+    obj = torch_pickle.load(authors_file)
+    model = authors_model.read_pipeline(obj, authors_file)
+    import jax
+    from flax import traverse_util
+
+    from trip_jax.data import tokenizers
+    from trip_jax.models import builders
+    from trip_jax.training import checkpoints
+
+    name = encoder or model.name_or_path
+    if not name:
+        raise ConvertError(f"{authors_file}: the pickled encoder config does not name the model "
+                           "it was loaded from; pass --encoder=HUB_NAME_OR_DIR (its tokenizer)")
+    try:
+        tokenizer = tokenizers.load_tokenizer(name)
+    except (OSError, ValueError) as err:
+        raise ConvertError(f"--encoder={name}: no tokenizer loads from it "
+                           f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                           ) from None
+    hf_config = authors_model.hf_config(model)
+    vocab = tokenizers.tokenizer_info(tokenizer).vocab_size
+    if vocab > hf_config.vocab_size:
+        raise ConvertError(f"--encoder={name}: its tokenizer has {vocab} tokens but the pickled "
+                           f"encoder embeds {hf_config.vocab_size}: not this model's tokenizer")
+    config, argument = _config(config_argument, model, name)
+    tiered_model = builders.build_model(config, hf_config)
+    abstract = jax.eval_shape(
+        lambda rng: builders.init_params(tiered_model, rng, config.data.max_sentences),
+        jax.random.key(0))
+    expected = traverse_util.flatten_dict(abstract)
+    flat = authors_model.to_params(model, expected, authors_file)
+    params = traverse_util.unflatten_dict(flat)
+    meta = {"step": STEP, "epoch": None, "protocol": None, "metrics": {},
+            "config": checkpoints.config_to_dict(config),
+            "encoder_config": hf_config.to_dict(),
+            "imported_from": {"file": os.path.abspath(authors_file),
+                              "sha256": _sha256(authors_file),
+                              "ablation": list(model.ablation), "dropped": list(model.dropped)}}
+    _write(workdir, config, hf_config, tokenizer, params, meta)
+    return {"config_argument": argument, "overrides": _overrides(argument, config),
+            "dropped": model.dropped, "encoder": name}
+
+
+def _write(workdir: str, config, hf_config, tokenizer, params, meta) -> None:
+    """Writes the run into a temporary sibling, restores and compares the checkpoint, then
+    renames it to ``workdir`` (so a failure leaves nothing at ``workdir``)."""
+    import jax
+    from flax import traverse_util
+
+    from trip_jax.training import checkpoints
+
+    target = Path(workdir).absolute()
+    staging = target.with_name(f".{target.name}.converting")
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        checkpoints.write_run_files(str(staging), config, hf_config, tokenizer)
+        checkpoints.save_selected(str(staging), STEP, params, meta)
+        restored = checkpoints.restore_for_eval(str(staging))
+        saved = traverse_util.flatten_dict(jax.device_get(restored.params))
+        for path, value in traverse_util.flatten_dict(params).items():
+            if not np.array_equal(np.asarray(saved[path]), value):
+                raise RuntimeError(f"the saved checkpoint differs at {'/'.join(path)}")
+        if target.exists():
+            target.rmdir()  # empty: check_workdir passed
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def main(argv) -> None:
+    """Runs the conversion of the parsed flags; bad input is one line and exit status 2."""
+    del argv
+    try:
+        result = convert(FLAGS.authors_model, FLAGS.workdir, encoder=FLAGS.encoder,
+                         config_argument=FLAGS.config)
+    except (ValueError, cli.UsageError) as err:  # ConvertError, TorchFileError, ...
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        sys.exit(cli.USAGE_EXIT_CODE)
+    logging.info("dropped (unused by the authors' forward pass): %s",
+                 ", ".join(result["dropped"]) or "nothing")
+    command = " ".join(["python -m trip_jax.main", f"--config={result['config_argument']}",
+                        f"--workdir={FLAGS.workdir}", *result["overrides"],
+                        "--mode=evaluate --split=test"])
+    print(f"wrote {FLAGS.workdir} (encoder {result['encoder']}; dropped "
+          f"{len(result['dropped'])} unused tensors: {', '.join(result['dropped']) or 'none'})")
+    print(f"evaluate it with: {command}")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """Parses ``argv`` into FLAGS; any mistake is one ``error: ...`` line and exit status 2."""
+    try:
+        try:
+            rest = FLAGS(argv)
+        except flags.Error as err:
+            raise cli.UsageError(cli.describe_parse_error(err, argv, FLAGS) or str(err)) from None
+        if len(rest) > 1:
+            raise cli.UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
+    except cli.UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(cli.USAGE_EXIT_CODE)
+    return rest
+
+
+if __name__ == "__main__":
+    # Defined only when run as a command: trip_jax.main defines --workdir and --config on the
+    # same global FlagValues, and both modules may be imported in one process (the tests).
+    define_flags()
+    app.run(main, flags_parser=parse_flags)

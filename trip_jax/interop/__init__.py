@@ -1,0 +1,1 @@
+"""What crosses the project's edge: the TRIP authors' saved models (``convert``)."""
