@@ -291,6 +291,12 @@ def ranking_score(kind: str, scores: Mapping[str, Any]) -> tuple[float, ...]:
     return tuple(float(found[key]) for key in RANKING[kind])
 
 
+def _save_params(manager: ocp.CheckpointManager, step: int, params, saved_meta: dict) -> None:
+    """Saves a params-and-meta checkpoint (``saved_meta`` already holds the checksums)."""
+    manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                               meta=ocp.args.JsonSave(saved_meta)))
+
+
 class RunCheckpoints:
     """The checkpoint managers of one training run (see the module docstring)."""
 
@@ -390,8 +396,7 @@ class RunCheckpoints:
             manager = self.managers[kind]
             if step not in manager.all_steps():
                 saved_meta = saved_meta or with_checksums(meta, params=params)
-                manager.save(step, args=ocp.args.Composite(
-                    params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(saved_meta)))
+                _save_params(manager, step, params, saved_meta)
             self._best[kind] = score
             improved.append(kind)
         return improved
@@ -401,9 +406,7 @@ class RunCheckpoints:
         selection split: the last step is the model)."""
         manager = self.managers[SELECTED]
         if step not in manager.all_steps():
-            manager.save(step, args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params),
-                meta=ocp.args.JsonSave(with_checksums(meta, params=params))))
+            _save_params(manager, step, params, with_checksums(meta, params=params))
 
     def close(self) -> None:
         """Waits for pending saves and releases the managers."""
@@ -417,9 +420,7 @@ def save_selected(workdir: str, step: int, params, meta: dict) -> None:
     imported model, ``trip_jax.convert``), with its checksums; waits until it is written."""
     manager = _manager(workdir, SELECTED)
     try:
-        manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            meta=ocp.args.JsonSave(with_checksums(meta, params=params))))
+        _save_params(manager, step, params, with_checksums(meta, params=params))
         manager.wait_until_finished()
     finally:
         manager.close()
