@@ -372,12 +372,12 @@ def test_an_improbable_contradiction_leaves_the_states_as_the_heads_read_them():
     assert backed.pre_pred[0, 1, 0, 3, POWER] == FALSE
     for threshold, writes in ((0.2, True), (0.5, False)):
         decoded = decoding.decode(arrays, dataclasses.replace(COHERENT,
-                                                              backing_threshold=threshold))
+                                                              min_flip_probability=threshold))
         # The same story and conflicting pair either way.
         assert decoded.story_pred[0] == backed.story_pred[0]
         np.testing.assert_array_equal(decoded.conflict_prob, backed.conflict_prob)
         assert (decoded.pre_pred[0, 1, 0, 3, POWER] == FALSE) == writes
         assert (decoded.contradictions[0] is not None) == writes
     assert decoded.pre_pred[0, 1, 0, 3, POWER] == 0  # the head's own argmax
-    with pytest.raises(ValueError, match="backing_threshold"):
-        DecodingConfig(method="coherent", backing_threshold=1.0)
+    with pytest.raises(ValueError, match="min_flip_probability"):
+        DecodingConfig(method="coherent", min_flip_probability=1.0)

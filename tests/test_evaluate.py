@@ -202,7 +202,7 @@ def test_a_workdir_from_before_the_rename_still_evaluates(evaluated, workdir, tm
         assert (restored.kind, restored.step) == ("selected", 4)
         for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(new_params)):
             np.testing.assert_array_equal(a, b)
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger="absl"):  # whatever verbosity an earlier test left
         result = evaluate.evaluate_checkpoint(tiny_config(), str(old))
     assert sum("best_verifiability" in r.getMessage() and "renamed selected/" in r.getMessage()
                for r in caplog.records) == 1

@@ -28,7 +28,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("interop",),
     ("training",),
     ("evaluation",),
-    ("train",),
+    ("train", "cross_validate"),
     ("main", "score", "convert"),
     ("benchmarks",),
 )

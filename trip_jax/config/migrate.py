@@ -65,6 +65,8 @@ STEPS: dict[int, Step] = {
                      "loss.conflict_positive_weight": 1.0,
                      "model.tiered.story_score": "sum"},
             dropped=("model.tiered.transitions_init_weight",)),
+    # Issue 33: the dev_cv protocol's folds and the decoding lever for the implicit pairs, off.
+    3: Step(added={"data.folds": 5, "data.fold": 0, "decoding.min_flip_probability": 0.0}),
 }
 
 

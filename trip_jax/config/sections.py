@@ -22,7 +22,7 @@ from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_I
                                     Section, above, at_least, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
@@ -280,7 +280,7 @@ class DecodingConfig(Section):
     alias_states: bool = option(False, "an object named twice keeps each state under one name")
     conflict_state_threshold: float = option(
         0.0, "the explanation's states need this probability (0: off)", interval("[0, 1)"))
-    backing_threshold: float = option(
+    min_flip_probability: float = option(
         0.0, "the decoded contradiction's two states are written only when its probability is "
         "at least this (0: always)", interval("[0, 1)"))
 

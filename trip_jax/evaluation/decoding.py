@@ -18,7 +18,7 @@ batch-contract names) and returns the four arrays the metrics score: ``story_pre
   ``read_states`` (``state_threshold``, ``alias_states``), then the implausible story's states
   at i and j by ``conflict_state_threshold``, then the two backing cells are set to the
   candidate's values (only when the candidate's probability exp s(c) is at least
-  ``backing_threshold``: below it the states stay the heads' own and the pair has no backing
+  ``min_flip_probability``: below it the states stay the heads' own and the pair has no backing
   contradiction). Beliefs are 1 at i and j of that story for every entity with a non-zero
   decoded state there (and the candidate's entity), 0 elsewhere.
 
@@ -245,8 +245,8 @@ def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np
 
 def backs(found: Contradiction, config: DecodingConfig) -> bool:
     """Whether the contradiction's two states are written into the decoded states: its
-    probability is at least ``backing_threshold``."""
-    return found.score >= np.log(config.backing_threshold) if config.backing_threshold else True
+    probability is at least ``min_flip_probability``."""
+    return found.score >= np.log(config.min_flip_probability) if config.min_flip_probability else True
 
 
 @dataclasses.dataclass
