@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -121,3 +122,20 @@ def test_sweep_scores_each_fold_as_its_own_held_out_evaluation(cv_run, tiny_conf
 def test_bad_sweeps_are_one_line(text, message, tiny_config):
     with pytest.raises(cli.UsageError, match=re.escape(message)):
         cross_validate.parse_sweep(text, tiny_config())
+
+
+def test_a_sweep_scores_the_finished_folds_and_names_the_others(cv_run, tiny_config, tmp_path):
+    workdir, summary = cv_run
+    partial = tmp_path / "partial"
+    shutil.copytree(workdir, partial)
+    log = partial / "fold1" / "metrics.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if json.loads(line)["split"] != "wall_time"))  # fold 1 cut short
+    config = tiny_config()
+    config.data.folds = 2
+    swept = cross_validate.sweep_decoding(config, str(partial), "decoding.method", ["reference"])
+    assert (swept["folds"], swept["unfinished_folds"]) == ([0], [1])
+    fold0 = [r for r in read_log(workdir / "fold0" / "metrics.jsonl")
+             if r["split"] == "dev_fold"][-1]
+    assert swept["values"]["reference"]["accuracy"]["mean"] == pytest.approx(fold0["accuracy"])
+    assert "folds [1] had not finished" in (partial / "cv_sweep.method.md").read_text()

@@ -108,17 +108,21 @@ def _fold_outputs(fold_dir: str):
 
 
 def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict[str, Any]:
-    """Scores every fold's last checkpoint under each value of ``dotted`` (a decoding key), the
-    other decoding keys as the fold was trained with; writes ``WORKDIR/cv_sweep.KEY.{json,md}``
+    """Scores every finished fold's last checkpoint (the others are named in a warning and in
+    the table) under each value of ``dotted`` (a decoding key), the other decoding keys as the
+    fold was trained with; writes ``WORKDIR/cv_sweep.KEY.{json,md}``
     and returns {"key", "folds", "values": {value: ``cv_summary.over_folds``}}."""
     key = dotted.removeprefix("decoding.")
     rows: dict[Any, list[dict[str, float]]] = {value: [] for value in values}
-    folds = list(range(config.data.folds))
+    folds = [f for f in range(config.data.folds) if finished(fold_workdir(workdir, f))]
+    unfinished = sorted(set(range(config.data.folds)) - set(folds))
+    if not folds:
+        raise checkpoints.CheckpointError(f"--sweep: no fold of {workdir} has finished")
+    if unfinished:
+        logging.warning("--sweep: folds %s have not finished; scoring folds %s only",
+                        unfinished, folds)
     for fold in folds:
-        fold_dir = fold_workdir(workdir, fold)
-        if not finished(fold_dir):
-            raise checkpoints.CheckpointError(f"--sweep: fold {fold} has not finished ({fold_dir})")
-        base, arrays, splits = _fold_outputs(fold_dir)
+        base, arrays, splits = _fold_outputs(fold_workdir(workdir, fold))
         for value in values:
             scores, _, outcomes = evaluate.decoded_scores(
                 arrays, dataclasses.replace(base, **{key: value}))
@@ -133,7 +137,7 @@ def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict
             rows[value].append(row)
         logging.info("--sweep: fold %d / %d scored under %d values of %s", fold + 1,
                      len(folds), len(values), dotted)
-    summary = {"key": dotted, "folds": folds,
+    summary = {"key": dotted, "folds": folds, "unfinished_folds": unfinished,
                "values": {value: cv_summary.over_folds(r) for value, r in rows.items()}}
     stem = os.path.join(workdir, f"cv_sweep.{key}")
     with open(stem + ".json", "w", encoding="utf-8") as f:
@@ -143,7 +147,8 @@ def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write("\n".join([f"# {dotted} on the held-out folds of {workdir}", "",
                            f"Each fold's last checkpoint, folds {folds} (mean ± sample std, "
-                           "min-max; %).", "", *cv_summary.table(summary["values"], key)])
+                           "min-max; %)" + (f"; folds {unfinished} had not finished" if
+                                            unfinished else "") + ".", "", *cv_summary.table(summary["values"], key)])
                 + "\n")
     print(f"wrote {stem}.md and {os.path.basename(stem)}.json")
     return summary
