@@ -97,22 +97,22 @@ def _typed(raw: str, kind: type) -> Any:
 
 
 def _fold_outputs(fold_dir: str):
-    """(the decoding config, the eval-step outputs, the pairs) of a fold's last checkpoint on
-    its held-out fold."""
+    """(the eval-step outputs, the protocol splits) of a fold's last checkpoint on its held-out
+    fold."""
     restored = checkpoints.restore_for_eval(fold_dir, checkpoints.LATEST)
     splits = input_pipeline.load_splits(restored.config.data)
     evaluator = evaluate.Evaluator.for_checkpoint(restored, splits.selection, restored.config,
                                                   splits=splits)
-    base = decoding.DecodingConfig.from_mapping(restored.config.decoding)
-    return base, evaluator.predict(restored.params).arrays, splits
+    return evaluator.predict(restored.params).arrays, splits
 
 
 def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict[str, Any]:
     """Scores every finished fold's last checkpoint (the others are named in a warning and in
     the table) under each value of ``dotted`` (a decoding key), the other decoding keys as the
-    fold was trained with; writes ``WORKDIR/cv_sweep.KEY.{json,md}``
+    command's ``config`` sets them (``--config.decoding.KEY=...`` fixes another key); writes ``WORKDIR/cv_sweep.KEY.{json,md}``
     and returns {"key", "folds", "values": {value: ``cv_summary.over_folds``}}."""
     key = dotted.removeprefix("decoding.")
+    base = decoding.DecodingConfig.from_mapping(config.decoding)
     rows: dict[Any, list[dict[str, float]]] = {value: [] for value in values}
     folds = [f for f in range(config.data.folds) if finished(fold_workdir(workdir, f))]
     unfinished = sorted(set(range(config.data.folds)) - set(folds))
@@ -122,7 +122,7 @@ def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict
         logging.warning("--sweep: folds %s have not finished; scoring folds %s only",
                         unfinished, folds)
     for fold in folds:
-        base, arrays, splits = _fold_outputs(fold_workdir(workdir, fold))
+        arrays, splits = _fold_outputs(fold_workdir(workdir, fold))
         for value in values:
             scores, _, outcomes = evaluate.decoded_scores(
                 arrays, dataclasses.replace(base, **{key: value}))
