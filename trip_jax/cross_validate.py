@@ -12,7 +12,6 @@ held-out fold under every value of one decoding key (the model runs once per fol
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -109,8 +108,8 @@ def _fold_outputs(fold_dir: str):
 def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict[str, Any]:
     """Scores every finished fold's last checkpoint (the others are named in a warning and in
     the table) under each value of ``dotted`` (a decoding key), the other decoding keys as the
-    command's ``config`` sets them (``--config.decoding.KEY=...`` fixes another key); writes ``WORKDIR/cv_sweep.KEY.{json,md}``
-    and returns {"key", "folds", "values": {value: ``cv_summary.over_folds``}}."""
+    command's ``config`` sets them (``--config.decoding.KEY=...`` fixes another key); writes
+    ``WORKDIR/cv_sweep.KEY.{json,md}`` and returns {"key", "folds", "values": {value: ``cv_summary.over_folds``}}."""
     key = dotted.removeprefix("decoding.")
     base = decoding.DecodingConfig.from_mapping(config.decoding)
     rows: dict[Any, list[dict[str, float]]] = {value: [] for value in values}
@@ -124,31 +123,25 @@ def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict
     for fold in folds:
         arrays, splits = _fold_outputs(fold_workdir(workdir, fold))
         for value in values:
-            scores, _, outcomes = evaluate.decoded_scores(
-                arrays, dataclasses.replace(base, **{key: value}))
-            chosen = outcomes[base.method]
+            swept = dataclasses.replace(base, **{key: value})
+            scores, _, outcomes = evaluate.decoded_scores(arrays, swept)
+            chosen = outcomes[swept.method]  # the swept key may be the method itself
             records = [{"pair_id": splits.selection[int(i)].pair_id,
                         **metrics.outcome_record(chosen, n)}
                        for n, i in enumerate(arrays["pair_index"])]
             row = evaluate.scalar_metrics(scores)
             row.update(evaluate.marker_scalars(evaluate.marker_split(
                 splits, splits.selection_name, splits.selection, records)))
-            row["consistency+verifiability"] = row["consistency"] + row["verifiability"]
-            rows[value].append(row)
+            rows[value].append(cv_summary.with_sum(row))
         logging.info("--sweep: fold %d / %d scored under %d values of %s", fold + 1,
                      len(folds), len(values), dotted)
     summary = {"key": dotted, "folds": folds, "unfinished_folds": unfinished,
                "values": {value: cv_summary.over_folds(r) for value, r in rows.items()}}
-    stem = os.path.join(workdir, f"cv_sweep.{key}")
-    with open(stem + ".json", "w", encoding="utf-8") as f:
-        json.dump({**summary, "values": {str(v): m for v, m in summary["values"].items()}}, f,
-                  indent=1, sort_keys=True)
-        f.write("\n")
-    with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write("\n".join([f"# {dotted} on the held-out folds of {workdir}", "",
-                           f"Each fold's last checkpoint, folds {folds} (mean ± sample std, "
-                           "min-max; %)" + (f"; folds {unfinished} had not finished" if
-                                            unfinished else "") + ".", "", *cv_summary.table(summary["values"], key)])
-                + "\n")
-    print(f"wrote {stem}.md and {os.path.basename(stem)}.json")
+    text = "\n".join([f"# {dotted} on the held-out folds of {workdir}", "",
+                      f"Each fold's last checkpoint, folds {folds} (mean ± sample std, "
+                      "min-max; %)" + (f"; folds {unfinished} had not finished" if unfinished
+                                       else "") + ".", "",
+                      *cv_summary.table(summary["values"], key)]) + "\n"
+    written = cv_summary.write_files(workdir, f"cv_sweep.{key}", summary, "values", text)
+    print(f"wrote {written['markdown']} and {os.path.basename(written['json'])}")
     return summary

@@ -47,12 +47,17 @@ def held_out_by_epoch(records: Sequence[Mapping[str, Any]]) -> dict[float, dict[
     for record in records:
         if record.get("split") != HELD_OUT:
             continue
-        values = {k: float(v) for k, v in record.items()
-                  if k not in _NOT_METRICS and isinstance(v, (int, float))}
-        if "consistency" in values and "verifiability" in values:
-            values["consistency+verifiability"] = values["consistency"] + values["verifiability"]
-        out[round(float(record["epoch"]), 4)] = values
+        out[round(float(record["epoch"]), 4)] = with_sum(
+            {k: float(v) for k, v in record.items()
+             if k not in _NOT_METRICS and isinstance(v, (int, float))})
     return out
+
+
+def with_sum(values: dict[str, float]) -> dict[str, float]:
+    """``values`` with "consistency+verifiability" added where both are present."""
+    if "consistency" in values and "verifiability" in values:
+        values["consistency+verifiability"] = values["consistency"] + values["verifiability"]
+    return values
 
 
 def summarise(fold_logs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
@@ -108,13 +113,20 @@ def markdown(summary: Mapping[str, Any], title: str) -> str:
 def write_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any], title: str
                   ) -> dict[str, str]:
     """Writes ``cv_summary.json`` and ``cv_summary.md`` in ``out_dir``; returns their paths."""
+    return write_files(out_dir, SUMMARY_STEM, summary, "epochs", markdown(summary, title))
+
+
+def write_files(out_dir: str | os.PathLike, stem: str, summary: Mapping[str, Any], rows_key: str,
+                text: str) -> dict[str, str]:
+    """Writes ``summary`` as ``STEM.json`` (the keys of ``summary[rows_key]`` as strings) and
+    ``text`` as ``STEM.md`` in ``out_dir``; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = {"json": os.path.join(out_dir, SUMMARY_STEM + ".json"),
-             "markdown": os.path.join(out_dir, SUMMARY_STEM + ".md")}
+    paths = {"json": os.path.join(out_dir, stem + ".json"),
+             "markdown": os.path.join(out_dir, stem + ".md")}
     with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump({**summary, "epochs": {str(e): m for e, m in summary["epochs"].items()}}, f,
+        json.dump({**summary, rows_key: {str(k): m for k, m in summary[rows_key].items()}}, f,
                   indent=1, sort_keys=True)
         f.write("\n")
     with open(paths["markdown"], "w", encoding="utf-8") as f:
-        f.write(markdown(summary, title))
+        f.write(text)
     return paths
