@@ -1,5 +1,6 @@
 """Cross-validation on configs/tiny.py: every fold trains in its own workdir, finished folds are
-skipped, the summary holds every epoch's held-out scores over folds; and the dev_all protocol
+skipped, the summary holds every epoch's held-out scores over folds, each fold's decoding sweep
+is written as the fold ends and summarised from those files alone; and the dev_all protocol
 (the last step is the model)."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 
 from trip_jax import cli, cross_validate, train
+from trip_jax.config import checks, sweeps
 from trip_jax.evaluation import cv_summary
+from trip_jax.training import checkpoints
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -21,13 +24,21 @@ def read_log(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def cv_run(tmp_path_factory, tiny_config):
-    """Two folds of the tiny config; (workdir, summary)."""
-    workdir = tmp_path_factory.mktemp("cv")
+SWEEP = "method=reference,coherent"
+
+
+def two_folds(tiny_config, sweep=SWEEP):
     config = tiny_config()
     config.data.folds = 2
-    return workdir, cross_validate.cross_validate(config, str(workdir))
+    config.cv.sweep = sweep
+    return config
+
+
+@pytest.fixture(scope="module")
+def cv_run(tmp_path_factory, tiny_config):
+    """Two folds of the tiny config, swept over the decoding method; (workdir, summary)."""
+    workdir = tmp_path_factory.mktemp("cv")
+    return workdir, cross_validate.cross_validate(two_folds(tiny_config), str(workdir))
 
 
 def test_every_fold_trains_apart_and_never_reads_test(cv_run):
@@ -64,8 +75,7 @@ def test_summary_is_the_mean_and_spread_over_folds(cv_run):
 
 def test_a_second_call_skips_the_finished_folds(cv_run, tiny_config, monkeypatch):
     workdir, summary = cv_run
-    config = tiny_config()
-    config.data.folds = 2
+    config = two_folds(tiny_config)
 
     def no_training(*args):
         raise AssertionError("a finished fold was trained again")
@@ -95,47 +105,76 @@ def test_dev_all_trains_on_all_pairs_and_scores_the_last_step(tmp_path, tiny_con
     assert not (tmp_path / "reports" / "best_accuracy").exists()
 
 
-def test_sweep_scores_each_fold_as_its_own_held_out_evaluation(cv_run, tiny_config):
+def test_each_fold_writes_its_sweep_and_the_summary_reads_those_files(cv_run):
     workdir, summary = cv_run
-    config = tiny_config()
-    config.data.folds = 2
-    key, values = cross_validate.parse_sweep("method=reference,coherent", config)
-    assert (key, values) == ("decoding.method", ["reference", "coherent"])
-    swept = cross_validate.sweep_decoding(config, str(workdir), key, values)
+    swept = json.loads((workdir / "cv_sweep.json").read_text())
+    assert swept["folds"] == [0, 1]
     # The tiny run decodes with "reference": its row is each fold's last held-out evaluation.
     last = summary["epochs"][2.0]
+    reference, coherent = swept["decodings"]["method=reference"], swept["decodings"][
+        "method=coherent"]
     for name in ("accuracy", "consistency", "verifiability", "curated/accuracy"):
-        assert swept["values"]["reference"][name]["mean"] == pytest.approx(last[name]["mean"])
-    assert swept["values"]["coherent"]["accuracy"]["mean"] == pytest.approx(
-        last["coherent/accuracy"]["mean"])
-    table = (workdir / "cv_sweep.method.md").read_text()
-    assert "| coherent | 2 |" in table and "| reference | 2 |" in table
+        assert reference[name]["mean"] == pytest.approx(last[name]["mean"])
+    assert coherent["accuracy"]["mean"] == pytest.approx(last["coherent/accuracy"]["mean"])
+    for fold in (0, 1):
+        held = json.loads((workdir / f"fold{fold}" / "sweep.json").read_text())
+        assert held["method=coherent"]["decoding"]["method"] == "coherent"
+        assert held["method=reference"]["step"] == 4  # 4 pairs at batch 2, 2 epochs
+    table = (workdir / "cv_sweep.md").read_text()
+    assert "| method=coherent | 2 |" in table and "| method=reference | 2 |" in table
+
+
+def test_committed_fold_files_are_enough_without_checkpoints(cv_run, tiny_config, tmp_path,
+                                                             monkeypatch):
+    workdir, summary = cv_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("checkpoints", "cv_*"))
+    monkeypatch.setattr(train, "train_and_evaluate", None)  # nothing may train
+    assert cross_validate.cross_validate(two_folds(tiny_config), str(copy)) == summary
+    assert (json.loads((copy / "cv_sweep.json").read_text())
+            == json.loads((workdir / "cv_sweep.json").read_text()))
+    # A decoding the files lack needs a checkpoint: one line naming the fold to train again.
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"fold0/sweep.json lacks cv.sweep's method=reference, "
+                             r"persistence=False .*remove .*fold0 to train that fold again"):
+        cross_validate.cross_validate(
+            two_folds(tiny_config, SWEEP + ";persistence=false"), str(copy))
+
+
+def test_a_fold_without_its_sweep_file_is_decoded_from_its_checkpoint(cv_run, tiny_config,
+                                                                       tmp_path, monkeypatch):
+    workdir, _ = cv_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    (copy / "fold1" / "sweep.json").unlink()
+    monkeypatch.setattr(train, "train_and_evaluate", None)
+    cross_validate.cross_validate(two_folds(tiny_config), str(copy))
+    assert (json.loads((copy / "fold1" / "sweep.json").read_text())
+            == json.loads((workdir / "fold1" / "sweep.json").read_text()))
 
 
 @pytest.mark.parametrize("text, message", [
-    ("conflict_state_threshold=0,1.5", "bad value for --config.decoding.conflict_state_threshold: "
-                                       "'1.5' (allowed: in [0, 1))"),
-    ("alias_states=maybe", "'maybe' (allowed: a bool)"),
-    ("state_threshold=", "expected KEY=V1,V2,..."),
-    ("learning_rate=1", "expected KEY=V1,V2,... with KEY one of method, conflict_weight"),
+    ("conflict_state_threshold=0,1.5", "decoding.conflict_state_threshold in [0, 1), not '1.5'"),
+    ("alias_states=maybe", "decoding.alias_states a bool, not 'maybe'"),
+    ("state_threshold=", "with each KEY one of method, conflict_weight"),
+    ("learning_rate=1", "'learning_rate=1' is not"),
+    ("method=reference;method=coherent", "decoding.method is named twice"),
 ])
-def test_bad_sweeps_are_one_line(text, message, tiny_config):
-    with pytest.raises(cli.UsageError, match=re.escape(message)):
-        cross_validate.parse_sweep(text, tiny_config())
-
-
-def test_a_sweep_scores_the_finished_folds_and_names_the_others(cv_run, tiny_config, tmp_path):
-    workdir, summary = cv_run
-    partial = tmp_path / "partial"
-    shutil.copytree(workdir, partial)
-    log = partial / "fold1" / "metrics.jsonl"
-    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
-                           if json.loads(line)["split"] != "wall_time"))  # fold 1 cut short
+def test_bad_sweeps_are_one_line_naming_the_key(text, message, tiny_config):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sweeps.parse(text)
     config = tiny_config()
-    config.data.folds = 2
-    swept = cross_validate.sweep_decoding(config, str(partial), "decoding.method", ["reference"])
-    assert (swept["folds"], swept["unfinished_folds"]) == ([0], [1])
-    fold0 = [r for r in read_log(workdir / "fold0" / "metrics.jsonl")
-             if r["split"] == "dev_fold"][-1]
-    assert swept["values"]["reference"]["accuracy"]["mean"] == pytest.approx(fold0["accuracy"])
-    assert "folds [1] had not finished" in (partial / "cv_sweep.method.md").read_text()
+    config.cv.sweep = text
+    with pytest.raises(cli.UsageError, match=re.escape(
+            f"bad value for --config.cv.sweep: {text!r} (allowed: ")):
+        checks.check_config(config)
+
+
+def test_sweeps_cross_their_keys_in_order():
+    crossed = sweeps.combinations("min_flip_probability=0,0.9;conflict_state_threshold=0.9,0.95")
+    assert [sweeps.label(c) for c in crossed] == [
+        "min_flip_probability=0, conflict_state_threshold=0.9",
+        "min_flip_probability=0, conflict_state_threshold=0.95",
+        "min_flip_probability=0.9, conflict_state_threshold=0.9",
+        "min_flip_probability=0.9, conflict_state_threshold=0.95"]
+    assert sweeps.combinations("") == [{}]

@@ -1,31 +1,31 @@
 """K-fold cross-validation of one config: ``--mode=cross_validate``.
 
-``cross_validate(config, workdir)`` trains the config once per fold of dev (protocol ``dev_cv``,
-``trip_jax.data.protocol.cv_folds``) in ``WORKDIR/foldF``, one fold after another, skipping the
-folds already finished and resuming an interrupted one; then writes the held-out scores of every
-epoch over the folds (``trip_jax.evaluation.cv_summary``) as ``WORKDIR/cv_summary.{json,md}``.
-``sweep_decoding(config, workdir, key, values)`` scores each fold's last checkpoint on its
-held-out fold under every value of one decoding key (the model runs once per fold) and writes
-``WORKDIR/cv_sweep.KEY.{json,md}``. Test is never read.
+``cross_validate(config, workdir)`` trains the config once per fold of dev (protocol ``dev_cv``)
+in ``WORKDIR/foldF``, skipping finished folds and resuming an interrupted one. As a fold ends,
+its last checkpoint is decoded on the held-out fold under every combination of ``cv.sweep``
+into ``foldF/sweep.json``; after each fold the summaries over the folds so far are written from
+those files alone (``WORKDIR/cv_summary.*``, ``WORKDIR/cv_sweep.*``). Test is never read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
 from absl import logging
 
-from trip_jax import cli, train
-from trip_jax.config import checks
-from trip_jax.config.sections import KEYS
+from trip_jax import train
+from trip_jax.config import sweeps
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import cv_summary, decoding, evaluate, metrics
+from trip_jax.runtime import paths
 from trip_jax.training import checkpoints
 from trip_jax.training.metric_log import METRICS_FILE
 
 FOLD_DIR = "fold{fold}"
+SWEEP_FILE = "sweep.json"
 
 
 def fold_workdir(workdir: str, fold: int) -> str:
@@ -41,9 +41,10 @@ def finished(fold_dir: str) -> bool:
 
 
 def cross_validate(config, workdir: str) -> dict[str, Any]:
-    """Runs every fold of ``config`` (module docstring); returns the summary."""
+    """Runs every fold of ``config`` (module docstring); returns the summary over the folds."""
     folds = config.data.folds
-    logs = {}
+    wanted = _wanted_decodings(config)
+    logs, swept = {}, {}
     for fold in range(folds):
         fold_dir = fold_workdir(workdir, fold)
         if finished(fold_dir):
@@ -55,93 +56,104 @@ def cross_validate(config, workdir: str) -> dict[str, Any]:
             fold_config.data.fold = fold
             train.train_and_evaluate(fold_config, fold_dir)
         logs[fold] = cv_summary.read_log(os.path.join(fold_dir, METRICS_FILE))
-    summary = cv_summary.summarise(logs)
-    written = cv_summary.write_summary(workdir, summary, f"Cross-validation of {workdir}")
-    last = summary["epochs"][max(summary["epochs"])]
-    logging.info("%d folds, last epoch: accuracy %.3f consistency %.3f verifiability %.3f "
-                 "(means); %s", folds, last["accuracy"]["mean"], last["consistency"]["mean"],
-                 last["verifiability"]["mean"], written["markdown"])
-    print(f"wrote {written['markdown']} and {os.path.basename(written['json'])}")
+        if wanted:
+            swept[fold] = fold_sweep(fold_dir, wanted)
+        summary = _write_summaries(workdir, folds, logs, swept)
     return summary
 
 
-def parse_sweep(text: str, config) -> tuple[str, list[Any]]:
-    """``KEY=V1,V2,...`` (a ``decoding`` key, its values) -> ("decoding.KEY", typed values);
-    ``cli.UsageError`` naming the key or value that is not allowed."""
-    name, _, listed = text.partition("=")
-    dotted = f"decoding.{name.strip().removeprefix('decoding.')}"
-    if dotted not in KEYS or not listed.strip():
-        decoding_keys = [k.removeprefix("decoding.") for k in KEYS if k.startswith("decoding.")]
-        raise cli.UsageError(f"--sweep: expected KEY=V1,V2,... with KEY one of "
-                             f"{', '.join(decoding_keys)}; got {text!r}")
-    kind = type(KEYS[dotted].default)
-    values = []
-    for raw in (v.strip() for v in listed.split(",")):
-        value = _typed(raw, kind)
-        problem = f"a {kind.__name__}" if value is None else KEYS[dotted].problem(value)
-        if problem:
-            raise cli.UsageError("--sweep: " + checks.bad_value(dotted, raw, problem))
-        values.append(value)
-    return dotted, values
+def _wanted_decodings(config) -> dict[str, dict[str, Any]]:
+    """{label: the whole decoding config} of every ``cv.sweep`` combination over the command's
+    decoding keys ({} for an empty sweep)."""
+    if not config.cv.sweep:
+        return {}
+    base = decoding.DecodingConfig.from_mapping(config.decoding)
+    return {sweeps.label(combination): dataclasses.asdict(dataclasses.replace(
+        base, **{k.removeprefix("decoding."): v for k, v in combination.items()}))
+        for combination in sweeps.combinations(config.cv.sweep)}
 
 
-def _typed(raw: str, kind: type) -> Any:
-    """``raw`` as a value of ``kind`` (bool: true/false/1/0), None when it is not one."""
-    if kind is bool:
-        return {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
+def fold_sweep(fold_dir: str, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{label: held-out scores} of one fold under each wanted decoding: read from
+    ``foldF/sweep.json`` where it holds them (same decoding keys), the others decoded from the
+    fold's last checkpoint and added to that file. CheckpointError when one is missing and the
+    checkpoint is gone."""
+    path = os.path.join(fold_dir, SWEEP_FILE)
+    held = _read_sweep(path)
+    missing = {label: keys for label, keys in wanted.items()
+               if label not in held or held[label]["decoding"] != keys}
+    if missing:
+        logging.info("fold %s: decoding the held-out fold under %d combinations", fold_dir,
+                     len(missing))
+        try:
+            held.update(_decode_fold(fold_dir, missing))
+        except checkpoints.CheckpointError as err:
+            raise checkpoints.CheckpointError(
+                f"{path} lacks cv.sweep's {next(iter(missing))} and the checkpoint to decode it "
+                f"cannot be read ({err}); remove {fold_dir} to train that fold again") from None
+        paths.write_atomic(path, json.dumps(held, indent=1, sort_keys=True) + "\n")
+    return {label: held[label]["scores"] for label in wanted}
+
+
+def _read_sweep(path: str) -> dict[str, Any]:
+    """The records of a fold's sweep file ({} when there is none); ValueError naming it when it
+    is not one."""
+    if not os.path.exists(path):
+        return {}
     try:
-        return kind(raw)
-    except ValueError:
-        return None
+        with open(path, encoding="utf-8") as f:
+            held = json.load(f)
+        if not all({"decoding", "scores"} <= set(v) for v in held.values()):
+            raise ValueError("a record lacks decoding or scores")
+    except (ValueError, AttributeError, TypeError) as err:
+        raise ValueError(f"{path}: not a sweep file ({err}); remove it to decode again") from None
+    return held
 
 
-def _fold_outputs(fold_dir: str):
-    """(the eval-step outputs, the protocol splits) of a fold's last checkpoint on its held-out
-    fold."""
+def _decode_fold(fold_dir: str, decodings: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """{label: {"decoding", "scores"}}: the fold's last checkpoint run once on its held-out
+    fold, decoded under each of ``decodings``."""
     restored = checkpoints.restore_for_eval(fold_dir, checkpoints.LATEST)
     splits = input_pipeline.load_splits(restored.config.data)
     evaluator = evaluate.Evaluator.for_checkpoint(restored, splits.selection, restored.config,
                                                   splits=splits)
-    return evaluator.predict(restored.params).arrays, splits
+    arrays = evaluator.predict(restored.params).arrays
+    out = {}
+    for label, keys in decodings.items():
+        config = decoding.DecodingConfig(**keys)
+        scores, _, outcomes = evaluate.decoded_scores(arrays, config)
+        chosen = outcomes[config.method]  # the swept key may be the method itself
+        records = [{"pair_id": splits.selection[int(i)].pair_id,
+                    **metrics.outcome_record(chosen, n)}
+                   for n, i in enumerate(arrays["pair_index"])]
+        row = evaluate.scalar_metrics(scores)
+        row.update(evaluate.marker_scalars(evaluate.marker_split(
+            splits, splits.selection_name, splits.selection, records)))
+        out[label] = {"decoding": keys, "step": int(restored.step),
+                      "scores": cv_summary.with_sum(row)}
+    return out
 
 
-def sweep_decoding(config, workdir: str, dotted: str, values: list[Any]) -> dict[str, Any]:
-    """Scores every finished fold's last checkpoint (the others are named in a warning and in
-    the table) under each value of ``dotted`` (a decoding key), the other decoding keys as the
-    command's ``config`` sets them (``--config.decoding.KEY=...`` fixes another key); writes
-    ``WORKDIR/cv_sweep.KEY.{json,md}`` and returns {"key", "folds", "values": {value: ``cv_summary.over_folds``}}."""
-    key = dotted.removeprefix("decoding.")
-    base = decoding.DecodingConfig.from_mapping(config.decoding)
-    rows: dict[Any, list[dict[str, float]]] = {value: [] for value in values}
-    folds = [f for f in range(config.data.folds) if finished(fold_workdir(workdir, f))]
-    unfinished = sorted(set(range(config.data.folds)) - set(folds))
-    if not folds:
-        raise checkpoints.CheckpointError(f"--sweep: no fold of {workdir} has finished")
-    if unfinished:
-        logging.warning("--sweep: folds %s have not finished; scoring folds %s only",
-                        unfinished, folds)
-    for fold in folds:
-        arrays, splits = _fold_outputs(fold_workdir(workdir, fold))
-        for value in values:
-            swept = dataclasses.replace(base, **{key: value})
-            scores, _, outcomes = evaluate.decoded_scores(arrays, swept)
-            chosen = outcomes[swept.method]  # the swept key may be the method itself
-            records = [{"pair_id": splits.selection[int(i)].pair_id,
-                        **metrics.outcome_record(chosen, n)}
-                       for n, i in enumerate(arrays["pair_index"])]
-            row = evaluate.scalar_metrics(scores)
-            row.update(evaluate.marker_scalars(evaluate.marker_split(
-                splits, splits.selection_name, splits.selection, records)))
-            rows[value].append(cv_summary.with_sum(row))
-        logging.info("--sweep: fold %d / %d scored under %d values of %s", fold + 1,
-                     len(folds), len(values), dotted)
-    summary = {"key": dotted, "folds": folds, "unfinished_folds": unfinished,
-               "values": {value: cv_summary.over_folds(r) for value, r in rows.items()}}
-    text = "\n".join([f"# {dotted} on the held-out folds of {workdir}", "",
-                      f"Each fold's last checkpoint, folds {folds} (mean ± sample std, "
-                      "min-max; %)" + (f"; folds {unfinished} had not finished" if unfinished
-                                       else "") + ".", "",
-                      *cv_summary.table(summary["values"], key)]) + "\n"
-    written = cv_summary.write_files(workdir, f"cv_sweep.{key}", summary, "values", text)
-    print(f"wrote {written['markdown']} and {os.path.basename(written['json'])}")
+def _write_summaries(workdir: str, folds: int, logs: dict[int, Any],
+                     swept: dict[int, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Writes ``cv_summary.*`` (per epoch) and, with a sweep, ``cv_sweep.*`` (per decoding)
+    over the folds done so far; returns the per-epoch summary."""
+    summary = cv_summary.summarise(logs)
+    done = f"folds {sorted(logs)} of {folds}"
+    written = cv_summary.write_summary(workdir, summary, f"Cross-validation of {workdir}, {done}")
+    last = summary["epochs"][max(summary["epochs"])]
+    logging.info("%s, last epoch: accuracy %.3f consistency %.3f verifiability %.3f (means)",
+                 done, last["accuracy"]["mean"], last["consistency"]["mean"],
+                 last["verifiability"]["mean"])
+    print(f"wrote {written['markdown']} ({done})")
+    if swept:
+        by_label = {label: cv_summary.over_folds([rows[label] for rows in swept.values()])
+                    for label in next(iter(swept.values()))}
+        sweep_summary = {"folds": sorted(swept), "decodings": by_label}
+        text = "\n".join([f"# Decodings of the held-out folds of {workdir}", "",
+                          f"Each fold's last checkpoint, {done} (mean ± sample std, min-max; %).",
+                          "", *cv_summary.table(by_label, "decoding")]) + "\n"
+        written = cv_summary.write_files(workdir, cv_summary.SWEEP_STEM, sweep_summary,
+                                         "decodings", text)
+        print(f"wrote {written['markdown']} ({len(by_label)} decodings)")
     return summary

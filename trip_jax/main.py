@@ -82,19 +82,10 @@ def _random_baseline(config, workdir: str) -> dict[str, Any]:
     return result
 
 
-def _cross_validate(config, workdir: str) -> dict[str, Any]:
-    """--mode=cross_validate: every fold, the summary, then --sweep's decoding values."""
-    summary = cross_validate.cross_validate(config, workdir)
-    if FLAGS.sweep:
-        cross_validate.sweep_decoding(config, workdir,
-                                      *cross_validate.parse_sweep(FLAGS.sweep, config))
-    return summary
-
-
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[[Any, str], Any]] = {
     "train": train.train_and_evaluate,
-    "cross_validate": _cross_validate,
+    "cross_validate": cross_validate.cross_validate,
     "evaluate": _evaluate,
     "predict": _predict,
     "random_baseline": _random_baseline,
@@ -128,10 +119,6 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
                         flag_values=values)
     flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
                         "WORKDIR/predict/<input stem>.jsonl).", flag_values=values)
-    flags.DEFINE_string("sweep", None, "cross_validate: then score every fold's last checkpoint "
-                        "under each value of one decoding key, KEY=V1,V2,... (e.g. "
-                        "conflict_state_threshold=0,0.5,0.9): WORKDIR/cv_sweep.KEY.md.",
-                        flag_values=values)
     flags.DEFINE_bool("show_config", False, "Print the resolved config (training also saves it "
                       "as WORKDIR/config.json).", flag_values=values)
     flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
@@ -152,10 +139,6 @@ def check_flags(values: flags.FlagValues) -> None:
             "checkpoint", which, [*checkpoints.NAMES, "STEP"]))
     if values.split not in SPLIT_NAMES:
         raise cli.UsageError("--split: " + cli.unknown_choice("split", values.split, SPLIT_NAMES))
-    if values.sweep is not None:
-        if values.mode != "cross_validate":
-            raise cli.UsageError("--sweep needs --mode=cross_validate")
-        cross_validate.parse_sweep(values.sweep, values.config)
     if values.mode == "predict" and not values.input:
         raise cli.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
 

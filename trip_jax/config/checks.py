@@ -21,6 +21,7 @@ from typing import Any
 import ml_collections
 
 from trip_jax import cli
+from trip_jax.config import sweeps
 from trip_jax.config.fields import Rule
 from trip_jax.config.sections import KEYS
 
@@ -65,8 +66,16 @@ def _mesh_axes(values: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _cv_sweep(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    try:
+        sweeps.parse(values["cv.sweep"])
+    except ValueError as err:
+        return "cv.sweep", str(err)
+    return None
+
+
 CROSS_RULES: tuple[CrossRule, ...] = (
-    _seq_len, _detector_heads, _random_encoder, _mesh_axes)
+    _seq_len, _detector_heads, _random_encoder, _mesh_axes, _cv_sweep)
 
 
 def bad_value(key: str, value: Any, allowed: str) -> str:

@@ -1,7 +1,7 @@
 """The config schema: one dataclass per section, the one place of every key's default, type,
 allowed values and help.
 
-``Config`` is the whole config (sections data, model, loss, train, decoding, mesh, and the
+``Config`` is the whole config (sections data, model, loss, train, decoding, cv, mesh, and the
 labels preset and config_version); ``fields.config_dict(Config)`` is the ConfigDict that
 ``configs/base.py`` starts from, ``fields.keys(Config)`` every key by dotted path. The defaults
 are the reference's (the paper's model, trained and decoded as the paper did) except where a
@@ -22,7 +22,7 @@ from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_I
                                     Section, above, at_least, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
-CONFIG_VERSION = 4
+CONFIG_VERSION = 5
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
@@ -286,6 +286,16 @@ class DecodingConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class CrossValidationConfig(Section):
+    """What ``--mode=cross_validate`` computes besides training each fold (``config.cv``)."""
+
+    SECTION = "cv"
+    sweep: str = option(
+        "", "decoding values each fold's last checkpoint is scored under as the fold ends, "
+        "KEY=V1,V2;KEY=V3,V4 (crossed; trip_jax/config/sweeps.py; '': none)")
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshConfig(Section):
     """Device mesh: ``data`` splits the batch, ``fsdp`` shards large parameters (and the batch
     too); -1: every device the other axis leaves (``config.mesh``)."""
@@ -306,6 +316,7 @@ class Config(Section):
     loss: LossConfig = option(LossConfig(), "loss")
     train: TrainConfig = option(TrainConfig(), "train")
     decoding: DecodingConfig = option(DecodingConfig(), "decoding")
+    cv: CrossValidationConfig = option(CrossValidationConfig(), "cross-validation")
     mesh: MeshConfig = option(MeshConfig(), "mesh")
     preset: str = option("reference", "the model preset the config argument chose "
                          "(configs/base.py PRESETS)")

@@ -18,6 +18,7 @@ import numpy as np
 
 HELD_OUT = "dev_fold"
 SUMMARY_STEM = "cv_summary"
+SWEEP_STEM = "cv_sweep"
 _NOT_METRICS = ("step", "epoch", "time", "split", "checkpoint", "selection_score")
 # The columns of the Markdown table, in order (each as mean ± std (min-max) in %).
 TABLE_METRICS = ("accuracy", "consistency", "verifiability", "consistency+verifiability",
