@@ -133,6 +133,11 @@ def test_committed_fold_files_are_enough_without_checkpoints(cv_run, tiny_config
     assert cross_validate.cross_validate(two_folds(tiny_config), str(copy)) == summary
     assert (json.loads((copy / "cv_sweep.json").read_text())
             == json.loads((workdir / "cv_sweep.json").read_text()))
+    # The fold folders alone (no config): the same summaries, every decoding they all hold.
+    (copy / "cv_sweep.json").unlink()
+    assert cross_validate.summarise_folds(str(copy), 2) == summary
+    assert (json.loads((copy / "cv_sweep.json").read_text())
+            == json.loads((workdir / "cv_sweep.json").read_text()))
     # A decoding the files lack needs a checkpoint: one line naming the fold to train again.
     with pytest.raises(checkpoints.CheckpointError,
                        match=r"fold0/sweep.json lacks cv.sweep's method=reference, "

@@ -44,7 +44,6 @@ def cross_validate(config, workdir: str) -> dict[str, Any]:
     """Runs every fold of ``config`` (module docstring); returns the summary over the folds."""
     folds = config.data.folds
     wanted = _wanted_decodings(config)
-    logs, swept = {}, {}
     for fold in range(folds):
         fold_dir = fold_workdir(workdir, fold)
         if finished(fold_dir):
@@ -55,10 +54,9 @@ def cross_validate(config, workdir: str) -> dict[str, Any]:
             fold_config.data.protocol = "dev_cv"
             fold_config.data.fold = fold
             train.train_and_evaluate(fold_config, fold_dir)
-        logs[fold] = cv_summary.read_log(os.path.join(fold_dir, METRICS_FILE))
         if wanted:
-            swept[fold] = fold_sweep(fold_dir, wanted)
-        summary = _write_summaries(workdir, folds, logs, swept)
+            fold_sweep(fold_dir, wanted)
+        summary = summarise_folds(workdir, folds, list(wanted), through=fold)
     return summary
 
 
@@ -134,26 +132,42 @@ def _decode_fold(fold_dir: str, decodings: dict[str, dict[str, Any]]) -> dict[st
     return out
 
 
-def _write_summaries(workdir: str, folds: int, logs: dict[int, Any],
-                     swept: dict[int, dict[str, dict[str, float]]]) -> dict[str, Any]:
-    """Writes ``cv_summary.*`` (per epoch) and, with a sweep, ``cv_sweep.*`` (per decoding)
-    over the folds done so far; returns the per-epoch summary."""
+def summarise_folds(workdir: str, folds: int, labels: list[str] | None = None,
+                    through: int | None = None) -> dict[str, Any]:
+    """Writes ``cv_summary.*`` (per epoch) and, where the folds hold sweep files,
+    ``cv_sweep.*`` (per decoding: ``labels``, default every one all of them hold) over the
+    finished folds of ``workdir`` (up to fold ``through``), from their files alone; returns
+    the per-epoch summary."""
+    last = folds - 1 if through is None else through
+    done = [f for f in range(last + 1) if finished(fold_workdir(workdir, f))]
+    if not done:
+        raise checkpoints.CheckpointError(f"no fold of {workdir} has finished")
+    logs = {f: cv_summary.read_log(os.path.join(fold_workdir(workdir, f), METRICS_FILE))
+            for f in done}
     summary = cv_summary.summarise(logs)
-    done = f"folds {sorted(logs)} of {folds}"
-    written = cv_summary.write_summary(workdir, summary, f"Cross-validation of {workdir}, {done}")
-    last = summary["epochs"][max(summary["epochs"])]
+    title = f"{os.path.basename(os.path.normpath(workdir))}, folds {done} of {folds}"
+    written = cv_summary.write_summary(workdir, summary, f"Cross-validation in {title}")
+    final = summary["epochs"][max(summary["epochs"])]
     logging.info("%s, last epoch: accuracy %.3f consistency %.3f verifiability %.3f (means)",
-                 done, last["accuracy"]["mean"], last["consistency"]["mean"],
-                 last["verifiability"]["mean"])
-    print(f"wrote {written['markdown']} ({done})")
-    if swept:
-        by_label = {label: cv_summary.over_folds([rows[label] for rows in swept.values()])
-                    for label in next(iter(swept.values()))}
-        sweep_summary = {"folds": sorted(swept), "decodings": by_label}
-        text = "\n".join([f"# Decodings of the held-out folds of {workdir}", "",
-                          f"Each fold's last checkpoint, {done} (mean ± sample std, min-max; %).",
-                          "", *cv_summary.table(by_label, "decoding")]) + "\n"
-        written = cv_summary.write_files(workdir, cv_summary.SWEEP_STEM, sweep_summary,
-                                         "decodings", text)
+                 title, final["accuracy"]["mean"], final["consistency"]["mean"],
+                 final["verifiability"]["mean"])
+    print(f"wrote {written['markdown']} (folds {done} of {folds})")
+    held = {f: _read_sweep(os.path.join(fold_workdir(workdir, f), SWEEP_FILE)) for f in done}
+    if labels is None:
+        labels = sorted(set.intersection(*(set(h) for h in held.values())))
+    lacking = [(f, label) for f in done for label in labels if label not in held[f]]
+    if lacking:
+        fold, label = lacking[0]
+        raise ValueError(f"{os.path.join(fold_workdir(workdir, fold), SWEEP_FILE)} lacks the "
+                         f"decoding {label}")
+    if labels:
+        by_label = {label: cv_summary.over_folds([held[f][label]["scores"] for f in done])
+                    for label in labels}
+        text = "\n".join([f"# Decodings of the held-out folds in {title}", "",
+                          "Each fold's last checkpoint (mean ± sample std, min-max; %).", "",
+                          *cv_summary.table(by_label, "decoding")]) + "\n"
+        written = cv_summary.write_files(workdir, cv_summary.SWEEP_STEM,
+                                         {"folds": done, "decodings": by_label}, "decodings",
+                                         text)
         print(f"wrote {written['markdown']} ({len(by_label)} decodings)")
     return summary
