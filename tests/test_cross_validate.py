@@ -88,7 +88,7 @@ def test_summary_of_a_damaged_log_names_the_file(tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"step": 1, "split": "dev_fold", "epoch": 1.0}\n{"step": 2,\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON record"):
-        cv_summary.read_log(log)
+        cross_validate.finished(tmp_path)
 
 
 def test_dev_all_trains_on_all_pairs_and_scores_the_last_step(tmp_path, tiny_config):

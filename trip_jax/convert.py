@@ -21,7 +21,6 @@ Details: docs/convert.md.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import shutil
@@ -33,6 +32,7 @@ from absl import app, flags, logging
 
 from trip_jax import cli
 from trip_jax.interop import authors_model, torch_pickle
+from trip_jax.runtime import paths
 
 FLAGS = flags.FLAGS
 STEP = 0
@@ -98,14 +98,6 @@ def _overrides(argument: str, config) -> list[str]:
     return [f"--config.{k}={mine[k]}" for k in sorted(keys)]
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def convert(authors_file: str, workdir: str, *, encoder: str | None = None,
             config_argument: str | None = None) -> dict:
     """Writes ``workdir`` from ``authors_file`` (module docstring); returns {"config_argument",
@@ -148,7 +140,7 @@ def convert(authors_file: str, workdir: str, *, encoder: str | None = None,
             "config": checkpoints.config_to_dict(config),
             "encoder_config": hf_config.to_dict(),
             "imported_from": {"file": os.path.abspath(authors_file),
-                              "sha256": _sha256(authors_file),
+                              "sha256": paths.file_sha256(authors_file),
                               "ablation": list(model.ablation), "dropped": list(model.dropped)}}
     _write(workdir, config, hf_config, tokenizer, params, meta)
     return {"config_argument": argument, "overrides": _overrides(argument, config),

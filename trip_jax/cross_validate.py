@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any
 
+import jax
 from absl import logging
+from etils import epath
 
 from trip_jax import train
 from trip_jax.config import sweeps
@@ -28,16 +29,15 @@ FOLD_DIR = "fold{fold}"
 SWEEP_FILE = "sweep.json"
 
 
-def fold_workdir(workdir: str, fold: int) -> str:
+def fold_workdir(workdir: epath.PathLike, fold: int) -> epath.Path:
     """The workdir of one fold's run."""
-    return os.path.join(workdir, FOLD_DIR.format(fold=fold))
+    return epath.Path(workdir) / FOLD_DIR.format(fold=fold)
 
 
-def finished(fold_dir: str) -> bool:
+def finished(fold_dir: epath.PathLike) -> bool:
     """Whether the run in ``fold_dir`` ran to its end (it logs its wall time only then)."""
-    log = os.path.join(fold_dir, METRICS_FILE)
-    return os.path.exists(log) and any(r.get("split") == "wall_time"
-                                       for r in cv_summary.read_log(log))
+    log = epath.Path(fold_dir) / METRICS_FILE
+    return log.exists() and any(r.get("split") == "wall_time" for r in paths.read_jsonl(log))
 
 
 def cross_validate(config, workdir: str) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def cross_validate(config, workdir: str) -> dict[str, Any]:
             fold_config = config.copy_and_resolve_references()
             fold_config.data.protocol = "dev_cv"
             fold_config.data.fold = fold
-            train.train_and_evaluate(fold_config, fold_dir)
+            train.train_and_evaluate(fold_config, str(fold_dir))
         if wanted:
             fold_sweep(fold_dir, wanted)
         summary = summarise_folds(workdir, folds, list(wanted), through=fold)
@@ -71,12 +71,12 @@ def _wanted_decodings(config) -> dict[str, dict[str, Any]]:
         for combination in sweeps.combinations(config.cv.sweep)}
 
 
-def fold_sweep(fold_dir: str, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+def fold_sweep(fold_dir: epath.PathLike, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """{label: held-out scores} of one fold under each wanted decoding: read from
     ``foldF/sweep.json`` where it holds them (same decoding keys), the others decoded from the
     fold's last checkpoint and added to that file. CheckpointError when one is missing and the
-    checkpoint is gone."""
-    path = os.path.join(fold_dir, SWEEP_FILE)
+    checkpoint is gone. Process 0 writes."""
+    path = epath.Path(fold_dir) / SWEEP_FILE
     held = _read_sweep(path)
     missing = {label: keys for label, keys in wanted.items()
                if label not in held or held[label]["decoding"] != keys}
@@ -89,18 +89,18 @@ def fold_sweep(fold_dir: str, wanted: dict[str, dict[str, Any]]) -> dict[str, di
             raise checkpoints.CheckpointError(
                 f"{path} lacks cv.sweep's {next(iter(missing))} and the checkpoint to decode it "
                 f"cannot be read ({err}); remove {fold_dir} to train that fold again") from None
-        paths.write_atomic(path, json.dumps(held, indent=1, sort_keys=True) + "\n")
+        if jax.process_index() == 0:
+            paths.write_atomic(path, json.dumps(held, indent=1, sort_keys=True) + "\n")
     return {label: held[label]["scores"] for label in wanted}
 
 
-def _read_sweep(path: str) -> dict[str, Any]:
+def _read_sweep(path: epath.Path) -> dict[str, Any]:
     """The records of a fold's sweep file ({} when there is none); ValueError naming it when it
     is not one."""
-    if not os.path.exists(path):
+    if not path.exists():
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            held = json.load(f)
+        held = json.loads(path.read_text())
         if not all({"decoding", "scores"} <= set(v) for v in held.values()):
             raise ValueError("a record lacks decoding or scores")
     except (ValueError, AttributeError, TypeError) as err:
@@ -108,10 +108,10 @@ def _read_sweep(path: str) -> dict[str, Any]:
     return held
 
 
-def _decode_fold(fold_dir: str, decodings: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _decode_fold(fold_dir: epath.Path, decodings: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """{label: {"decoding", "scores"}}: the fold's last checkpoint run once on its held-out
     fold, decoded under each of ``decodings``."""
-    restored = checkpoints.restore_for_eval(fold_dir, checkpoints.LATEST)
+    restored = checkpoints.restore_for_eval(str(fold_dir), checkpoints.LATEST)
     splits = input_pipeline.load_splits(restored.config.data)
     evaluator = evaluate.Evaluator.for_checkpoint(restored, splits.selection, restored.config,
                                                   splits=splits)
@@ -132,34 +132,35 @@ def _decode_fold(fold_dir: str, decodings: dict[str, dict[str, Any]]) -> dict[st
     return out
 
 
-def summarise_folds(workdir: str, folds: int, labels: list[str] | None = None,
+def summarise_folds(workdir: epath.PathLike, folds: int, labels: list[str] | None = None,
                     through: int | None = None) -> dict[str, Any]:
     """Writes ``cv_summary.*`` (per epoch) and, where the folds hold sweep files,
     ``cv_sweep.*`` (per decoding: ``labels``, default every one all of them hold) over the
     finished folds of ``workdir`` (up to fold ``through``), from their files alone; returns
-    the per-epoch summary."""
+    the per-epoch summary. Process 0 writes."""
     last = folds - 1 if through is None else through
     done = [f for f in range(last + 1) if finished(fold_workdir(workdir, f))]
     if not done:
         raise checkpoints.CheckpointError(f"no fold of {workdir} has finished")
-    logs = {f: cv_summary.read_log(os.path.join(fold_workdir(workdir, f), METRICS_FILE))
-            for f in done}
+    logs = {f: paths.read_jsonl(fold_workdir(workdir, f) / METRICS_FILE) for f in done}
     summary = cv_summary.summarise(logs)
-    title = f"{os.path.basename(os.path.normpath(workdir))}, folds {done} of {folds}"
-    written = cv_summary.write_summary(workdir, summary, f"Cross-validation in {title}")
+    title = f"{epath.Path(workdir).name}, folds {done} of {folds}"
     final = summary["epochs"][max(summary["epochs"])]
     logging.info("%s, last epoch: accuracy %.3f consistency %.3f verifiability %.3f (means)",
                  title, final["accuracy"]["mean"], final["consistency"]["mean"],
                  final["verifiability"]["mean"])
-    print(f"wrote {written['markdown']} (folds {done} of {folds})")
-    held = {f: _read_sweep(os.path.join(fold_workdir(workdir, f), SWEEP_FILE)) for f in done}
+    held = {f: _read_sweep(fold_workdir(workdir, f) / SWEEP_FILE) for f in done}
     if labels is None:
         labels = sorted(set.intersection(*(set(h) for h in held.values())))
     lacking = [(f, label) for f in done for label in labels if label not in held[f]]
     if lacking:
         fold, label = lacking[0]
-        raise ValueError(f"{os.path.join(fold_workdir(workdir, fold), SWEEP_FILE)} lacks the "
-                         f"decoding {label}")
+        raise ValueError(f"{fold_workdir(workdir, fold) / SWEEP_FILE} lacks the decoding "
+                         f"{label}")
+    if jax.process_index() != 0:
+        return summary
+    written = cv_summary.write_summary(workdir, summary, f"Cross-validation in {title}")
+    print(f"wrote {written['markdown']} (folds {done} of {folds})")
     if labels:
         by_label = {label: cv_summary.over_folds([held[f][label]["scores"] for f in done])
                     for label in labels}

@@ -4,17 +4,19 @@
 and every numeric metric of the held-out split ("dev_fold": the tiers of both decodings, state
 F1s, losses, and the curated / implicit halves), the mean, the sample standard deviation
 (ddof 1), min, max and the number of folds; ``write_summary`` writes it as ``cv_summary.json`` and
-``cv_summary.md``. Pure Python and numpy: nothing here knows about JAX.
+``cv_summary.md`` (through ``trip_jax.runtime.paths``). Nothing here knows about JAX.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from etils import epath
+
+from trip_jax.runtime import paths
 
 HELD_OUT = "dev_fold"
 SUMMARY_STEM = "cv_summary"
@@ -25,20 +27,6 @@ TABLE_METRICS = ("accuracy", "consistency", "verifiability", "consistency+verifi
                  "precondition_f1", "effect_f1", "curated/accuracy", "curated/consistency",
                  "curated/verifiability", "implicit/accuracy", "implicit/consistency",
                  "implicit/verifiability")
-
-
-def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of one ``metrics.jsonl``; ValueError naming the file and line when one is
-    not JSON."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line_no}: not a JSON record ({err.msg})") from None
-    return records
 
 
 def held_out_by_epoch(records: Sequence[Mapping[str, Any]]) -> dict[float, dict[str, float]]:
@@ -111,23 +99,19 @@ def markdown(summary: Mapping[str, Any], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any], title: str
-                  ) -> dict[str, str]:
+def write_summary(out_dir: epath.PathLike, summary: Mapping[str, Any], title: str
+                  ) -> dict[str, epath.Path]:
     """Writes ``cv_summary.json`` and ``cv_summary.md`` in ``out_dir``; returns their paths."""
     return write_files(out_dir, SUMMARY_STEM, summary, "epochs", markdown(summary, title))
 
 
-def write_files(out_dir: str | os.PathLike, stem: str, summary: Mapping[str, Any], rows_key: str,
-                text: str) -> dict[str, str]:
+def write_files(out_dir: epath.PathLike, stem: str, summary: Mapping[str, Any], rows_key: str,
+                text: str) -> dict[str, epath.Path]:
     """Writes ``summary`` as ``STEM.json`` (the keys of ``summary[rows_key]`` as strings) and
-    ``text`` as ``STEM.md`` in ``out_dir``; returns their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {"json": os.path.join(out_dir, stem + ".json"),
-             "markdown": os.path.join(out_dir, stem + ".md")}
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump({**summary, rows_key: {str(k): m for k, m in summary[rows_key].items()}}, f,
-                  indent=1, sort_keys=True)
-        f.write("\n")
-    with open(paths["markdown"], "w", encoding="utf-8") as f:
-        f.write(text)
-    return paths
+    ``text`` as ``STEM.md`` in ``out_dir``, each whole or not at all; returns their paths."""
+    out = epath.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = {str(k): m for k, m in summary[rows_key].items()}
+    return {"json": paths.write_atomic(out / f"{stem}.json", json.dumps(
+                {**summary, rows_key: rows}, indent=1, sort_keys=True) + "\n"),
+            "markdown": paths.write_atomic(out / f"{stem}.md", text)}

@@ -24,6 +24,7 @@ from etils import epath
 
 from trip_jax.data.types import StoryPair
 from trip_jax.runtime.paths import to_jsonable, write_atomic
+from trip_jax.evaluation.reports import pct
 
 TEMPLATE = "explorer.html.j2"
 # Outcome of a pair, tier by tier: the first tier it fails, or "verifiable".
@@ -111,22 +112,17 @@ def pair_cards(records: Iterable[Mapping[str, Any]], pairs: Sequence[StoryPair] 
     return cards
 
 
-def _pct(value: Any) -> str:
-    """A fraction as a percentage with one decimal; '–' when missing."""
-    return "–" if value is None or value != value else f"{100 * value:.1f}"
-
-
 def _tier_rows(metrics: Mapping[str, Any], name: str,
                baselines: Mapping[str, Mapping[str, Any]] | None) -> list[list[str]]:
     """[row name, accuracy, consistency, verifiability] of the baselines and the model."""
     rows = {**(baselines or {}), name: metrics}
-    return [[row, *(_pct(m.get(key)) for key, _ in TIERS)] for row, m in rows.items()]
+    return [[row, *(pct(m.get(key)) for key, _ in TIERS)] for row, m in rows.items()]
 
 
 def _decoding_rows(metrics: Mapping[str, Any]) -> list[list[str]]:
     """[decoding, three tiers] for every decoding scored side by side (none for a file)."""
     methods = [key.split("/")[0] for key in metrics if key.endswith("/accuracy")]
-    return [[method, *(_pct(metrics[f"{method}/{key}"]) for key, _ in TIERS)]
+    return [[method, *(pct(metrics[f"{method}/{key}"]) for key, _ in TIERS)]
             for method in methods]
 
 
@@ -139,7 +135,7 @@ def _marker_rows(by_marker: Mapping[str, Any] | None) -> list[list[str]]:
         half = by_marker[subset]
         for method, tiers in {"(reported)": half, **half.get("by_decoding", {})}.items():
             rows.append([subset, method, str(half["num_pairs"]),
-                         *(_pct(tiers[key]) for key, _ in TIERS)])
+                         *(pct(tiers[key]) for key, _ in TIERS)])
     return rows
 
 

@@ -47,7 +47,7 @@ def write_predictions(path: epath.PathLike,
                                       for record in records))
 
 
-def _pct(value: Any) -> str:
+def pct(value: Any) -> str:
     """A fraction as a percentage with one decimal, or '–' when missing/undefined."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
@@ -82,20 +82,20 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
               "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |",
               "|---|---:|---:|---:|"]
     for row, m in rows.items():
-        lines.append(f"| {row} | {_pct(m.get('accuracy'))} | {_pct(m.get('consistency'))} "
-                     f"| {_pct(m.get('verifiability'))} |")
+        lines.append(f"| {row} | {pct(m.get('accuracy'))} | {pct(m.get('consistency'))} "
+                     f"| {pct(m.get('verifiability'))} |")
     lines += _decoding_table(metrics, metadata.get("story_loss_weight"))
     lines += _marker_table(by_marker)
     lines += ["", "## Low-level tasks, macro-F1 (layout of Table 4)", "",
               "| Model | Prec. F1 (%) | Eff. F1 (%) | Confl. F1 (%) |", "|---|---:|---:|---:|"]
     for row, m in rows.items():
-        lines.append(f"| {row} | {_pct(m.get('precondition_f1'))} | {_pct(m.get('effect_f1'))} "
-                     f"| {_pct(m.get('conflict_f1'))} |")
+        lines.append(f"| {row} | {pct(m.get('precondition_f1'))} | {pct(m.get('effect_f1'))} "
+                     f"| {pct(m.get('conflict_f1'))} |")
     lines += ["", "## Failure modes (Figure 3)", "",
               "| Story | Conflict | States | Pairs | Share (%) |", "|---|---|---|---:|---:|"]
     for mode in metrics["failure_modes"]:
         marks = ["right" if mode[k] else "wrong" for k in ("story", "conflict", "states")]
-        lines.append(f"| {' | '.join(marks)} | {mode['count']} | {_pct(mode['fraction'])} |")
+        lines.append(f"| {' | '.join(marks)} | {mode['count']} | {pct(mode['fraction'])} |")
     lines += _tier_loss_tables(metrics)
     lines += ["", "## Per attribute (Figure 5)", "",
               "Correct states: nontrivial (non-zero, non-default) correct predictions, "
@@ -105,9 +105,9 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
               "|---|---:|---:|---:|---:|"]
     for attr in schema.ATTRIBUTES:
         c = metrics["state_contribution"][attr]
-        lines.append(f"| {attr} | {_pct(metrics['precondition_f1_per_attribute'][attr])} "
-                     f"| {_pct(metrics['effect_f1_per_attribute'][attr])} | {c['correct']} "
-                     f"| {_pct(c['share'])} |")
+        lines.append(f"| {attr} | {pct(metrics['precondition_f1_per_attribute'][attr])} "
+                     f"| {pct(metrics['effect_f1_per_attribute'][attr])} | {c['correct']} "
+                     f"| {pct(c['share'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -129,9 +129,9 @@ def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None 
              "|---|---:|---:|---:|"]
     for method in methods:
         label = f"{method} (story choice untrained)" if method in untrained else method
-        lines.append(f"| {label} | {_pct(metrics[f'{method}/accuracy'])} "
-                     f"| {_pct(metrics[f'{method}/consistency'])} "
-                     f"| {_pct(metrics[f'{method}/verifiability'])} |")
+        lines.append(f"| {label} | {pct(metrics[f'{method}/accuracy'])} "
+                     f"| {pct(metrics[f'{method}/consistency'])} "
+                     f"| {pct(metrics[f'{method}/verifiability'])} |")
     if untrained:
         lines += ["", f"Story choice untrained ({', '.join(f'`{m}`' for m in untrained)}): the "
                   "run's loss preset gives the story loss weight 0 (as `omit_story` does), so "
@@ -157,7 +157,7 @@ def _marker_table(by_marker: Mapping[str, Any] | None) -> list[str]:
     for subset in ("curated", "implicit"):
         half = by_marker[subset]
         for method, tiers in {"(reported)": half, **half.get("by_decoding", {})}.items():
-            cells = " | ".join(_pct(tiers[key])
+            cells = " | ".join(pct(tiers[key])
                                for key in ("accuracy", "consistency", "verifiability"))
             lines.append(f"| {subset} | {method} | {half['num_pairs']} | {cells} |")
     return lines
@@ -172,10 +172,10 @@ def _tier_loss_tables(metrics: Mapping[str, Any]) -> list[str]:
     shares = losses["shares"]
     lines = ["", "## Where pairs are lost, tier by tier", "",
              "| Lost at | Share of pairs (%) |", "|---|---:|",
-             f"| story (wrong story) | {_pct(shares['story'])} |",
-             f"| conflict (right story, wrong conflicting pair) | {_pct(shares['conflict'])} |",
-             f"| states (consistent, states not right) | {_pct(shares['states'])} |",
-             f"| none (verifiable) | {_pct(shares['verifiable'])} |", "",
+             f"| story (wrong story) | {pct(shares['story'])} |",
+             f"| conflict (right story, wrong conflicting pair) | {pct(shares['conflict'])} |",
+             f"| states (consistent, states not right) | {pct(shares['states'])} |",
+             f"| none (verifiable) | {pct(shares['verifiable'])} |", "",
              f"Consistent but not verifiable: {losses['unverified_pairs']} pairs, "
              f"{losses['unverified_without_states']} of them without any nontrivial state "
              "prediction at the two sentences. Attributes with a wrong nontrivial prediction "

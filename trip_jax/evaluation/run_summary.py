@@ -31,6 +31,7 @@ from trip_jax.runtime import paths
 from trip_jax.config import migrate
 from trip_jax.data import readers
 from trip_jax.evaluation.metrics import TIER_METRICS
+from trip_jax.evaluation.reports import pct
 
 STATE_F1: tuple[str, ...] = ("precondition_f1", "effect_f1")
 
@@ -47,7 +48,7 @@ def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, 
             raise FileNotFoundError(f"{path} is missing: is {run} a finished training run?")
     report = json.loads(report_path.read_text())
     scores = report["metrics"]
-    log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    log = paths.read_jsonl(log_path)
     config_path = run / "config.json"
     seed = (migrate.read_key(json.loads(config_path.read_text()), "train.seed", str(config_path))
             if config_path.exists() else None)
@@ -79,7 +80,7 @@ def marker_split(reports_dir: epath.Path, data_dir: str | None) -> dict[str, Any
     ids, path = None, curated.marker_path(data_dir, "test")
     if os.path.isfile(path):
         ids, path = curated.curated_ids(readers.load_split(data_dir, "test"), data_dir, "test")
-    records = [json.loads(line) for line in predictions.read_text().splitlines() if line.strip()]
+    records = paths.read_jsonl(predictions)
     return curated.marker_split(records, ids, os.path.basename(path))
 
 
@@ -106,10 +107,6 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}"
-
-
 def markdown(summary: dict[str, Any]) -> str:
     """The summary as Markdown: per-run rows, then mean (min-max) per decoding."""
     runs, spread = summary["runs"], summary["spread"]
@@ -122,23 +119,23 @@ def markdown(summary: dict[str, Any]) -> str:
     for r in runs:
         for m in methods:
             t = r["test"][m]
-            held = " / ".join(_pct(r["held_out"][k]) for k in TIER_METRICS)
+            held = " / ".join(pct(r["held_out"][k]) for k in TIER_METRICS)
             wall = "–" if r["wall_seconds"] is None else f"{r['wall_seconds']:.0f}"
             lines.append(f"| {r['run']} | {r['seed']} | {r['step']} ({r['epoch']:.0f}) | {m} "
-                         f"| {_pct(t['accuracy'])} | {_pct(t['consistency'])} "
-                         f"| {_pct(t['verifiability'])} | {_pct(r['precondition_f1'])} / "
-                         f"{_pct(r['effect_f1'])} | {held} | {wall} |")
+                         f"| {pct(t['accuracy'])} | {pct(t['consistency'])} "
+                         f"| {pct(t['verifiability'])} | {pct(r['precondition_f1'])} / "
+                         f"{pct(r['effect_f1'])} | {held} | {wall} |")
     lines += ["", "| decoding | accuracy | consistency | verifiability |", "|---|---|---|---|"]
     for m in methods:
-        cells = [f"{_pct(s['mean'])} ({_pct(s['min'])}–{_pct(s['max'])})"
+        cells = [f"{pct(s['mean'])} ({pct(s['min'])}–{pct(s['max'])})"
                  for s in (spread[m][t] for t in TIER_METRICS)]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     states = spread["states"]
     lines += ["", "State macro-F1 (decoded states), mean (min–max): precondition "
-              f"{_pct(states['precondition_f1']['mean'])} ({_pct(states['precondition_f1']['min'])}"
-              f"–{_pct(states['precondition_f1']['max'])}), effect "
-              f"{_pct(states['effect_f1']['mean'])} ({_pct(states['effect_f1']['min'])}"
-              f"–{_pct(states['effect_f1']['max'])})."]
+              f"{pct(states['precondition_f1']['mean'])} ({pct(states['precondition_f1']['min'])}"
+              f"–{pct(states['precondition_f1']['max'])}), effect "
+              f"{pct(states['effect_f1']['mean'])} ({pct(states['effect_f1']['min'])}"
+              f"–{pct(states['effect_f1']['max'])})."]
     lines += _marker_lines(summary)
     return "\n".join(lines) + "\n"
 
@@ -153,13 +150,13 @@ def _marker_lines(summary: dict[str, Any]) -> list[str]:
         if not marker["found"]:
             lines.append(f"| {r['run']} | marker not found | marker not found |")
             continue
-        cells = [f"{' / '.join(_pct(marker[h][t]) for t in TIER_METRICS)} "
+        cells = [f"{' / '.join(pct(marker[h][t]) for t in TIER_METRICS)} "
                  f"({marker[h]['num_pairs']} pairs)" for h in curated.SUBSETS]
         lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
     spread = summary["spread"].get("by_marker")
     if spread:
-        cells = [" / ".join(f"{_pct(spread[h][t]['mean'])} ({_pct(spread[h][t]['min'])}–"
-                            f"{_pct(spread[h][t]['max'])})" for t in TIER_METRICS)
+        cells = [" / ".join(f"{pct(spread[h][t]['mean'])} ({pct(spread[h][t]['min'])}–"
+                            f"{pct(spread[h][t]['max'])})" for t in TIER_METRICS)
                  for h in curated.SUBSETS]
         lines.append("| mean (min–max) | " + " | ".join(cells) + " |")
     return lines

@@ -9,14 +9,15 @@ directories natively (tensorstore) and need nothing from here.
 
 Files a reader must find whole (config, reports, predictions, summaries) go through
 ``write_atomic``: whole or not at all, the previous version staying until the new one is complete.
-Also here: a file's sha256 (``file_sha256``, ``data_file_hashes``) and strict-JSON values
-(``to_jsonable``).
+Also here: JSON Lines records (``read_jsonl``), a file's sha256 (``file_sha256``,
+``data_file_hashes``) and strict-JSON values (``to_jsonable``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import os
 import uuid
@@ -145,6 +146,19 @@ def copy_tree(source: epath.PathLike, target: epath.PathLike) -> None:
             copy_tree(path, target / path.name)
         else:
             write_atomic(target / path.name, path.read_bytes())
+
+
+def read_jsonl(path: epath.PathLike) -> list[dict[str, Any]]:
+    """The records of a JSON Lines file (blank lines skipped); ValueError naming the file and
+    line when one is not JSON."""
+    records = []
+    for line_no, line in enumerate(epath.Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not a JSON record ({err.msg})") from None
+    return records
 
 
 def file_sha256(path: epath.PathLike) -> str:
