@@ -28,7 +28,9 @@ as one line each (``cli.terminal_setup``).
 The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it).
 ``--show_config`` prints the resolved config to stdout and exits 0, running no mode and leaving
 the workdir untouched (``--workdir`` is still required, as for any command). ``--mode=predict``
-logs warnings and errors only (an explicit ``--verbosity`` still applies).
+logs warnings and errors only (an explicit ``--verbosity`` still applies). Reports name the model
+``ENCODER (PRESET, seed SEED)``, read off the config (``evaluate.model_name``); ``--name`` sets
+another name for the reports of this command.
 """
 
 from __future__ import annotations
@@ -132,6 +134,9 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     flags.DEFINE_string("sweep", None, "cross_validate: then score every fold's last checkpoint "
                         "under each value of one decoding key, KEY=V1,V2,... (e.g. "
                         "conflict_state_threshold=0,0.5,0.9): WORKDIR/cv_sweep.KEY.md.",
+                        flag_values=values)
+    flags.DEFINE_string("name", None, "The model's name in the reports and pages this command "
+                        "writes (default: ENCODER (PRESET, seed SEED), read off the config).",
                         flag_values=values)
     flags.DEFINE_bool("show_config", False, "Print the resolved config and exit: no mode runs and "
                       "the workdir is not touched (training saves the config as "
@@ -256,7 +261,8 @@ def main(argv) -> None:
                      where / checkpoints.CONFIG_FILE)
     try:
         jax_setup.configure_jax(FLAGS.config)
-        MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
+        with evaluate.named(FLAGS.name):
+            MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 1))  # 2 for a workdir held by another run
