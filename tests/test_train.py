@@ -291,10 +291,12 @@ def test_init_from_takes_an_earlier_runs_parameters_except_skipped(tiny_config, 
     params = jax.device_get(init_params_from(config, placed))
     for group in ("encoder", "state_heads", "states_proj", "embedding_proj"):
         assert_trees_equal(params[group], source[group])
-    assert_trees_equal(params["detector"]["layer_0"], source["detector"]["layer_0"])
+    # Layers stacked: layer 0 from the source, layer 1 (the source has none) fresh.
+    layer = lambda tree, i: jax.tree.map(lambda x: x[i], tree["detector"]["layers"])
+    assert_trees_equal(layer(params, 0), layer(source, 0))
     assert_trees_equal(params["detector"]["conflict_out"],
                        fresh["detector"]["conflict_out"])  # skipped
-    assert_trees_equal(params["detector"]["layer_1"], fresh["detector"]["layer_1"])  # not in source
+    assert_trees_equal(layer(params, 1), layer(fresh, 1))  # not in source
     assert not np.allclose(fresh["state_heads"]["heads"]["dense"]["kernel"],
                            source["state_heads"]["heads"]["dense"]["kernel"])
     config.model.tiered.detector_ff = 48  # another detector shape, no longer skipped
