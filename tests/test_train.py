@@ -13,13 +13,16 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+from etils import epath
+from flax import traverse_util
 
 from configs import tiny
 from trip_jax import train
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate
-from trip_jax.models import builders
+from trip_jax.models import builders, param_names
 from trip_jax.runtime import jax_setup, sharding
 from trip_jax.training import checkpoints, optimizers
 from trip_jax.training.state import create_train_state, init_params_from
@@ -165,6 +168,51 @@ def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
     (step_dir / "params" / "manifest.ocdbt").unlink()
     with pytest.raises(checkpoints.CheckpointError, match="could not restore"):
         checkpoints.restore_for_eval(str(broken))
+
+
+def per_layer_copy(workdir, target, edit=lambda flat: flat):
+    """A copy of ``workdir`` whose selected and latest checkpoints hold the parameters one
+    entry per layer (``edit``-ed), as saved before the layers were stacked."""
+    shutil.copytree(workdir, target)
+    for kind in (checkpoints.SELECTED, checkpoints.LATEST):
+        restored = checkpoints.restore_for_eval(str(workdir), kind)
+        flat = traverse_util.flatten_dict(jax.device_get(restored.params))
+        old = traverse_util.unflatten_dict(edit(param_names.unstack_layers(flat)))
+        meta = {k: v for k, v in restored.meta.items() if k != checkpoints.CHECKSUMS}
+        shutil.rmtree(target / "checkpoints" / kind)
+        manager = checkpoints._manager(str(target), kind)
+        items = {"params": ocp.args.StandardSave(old)}
+        if kind == checkpoints.LATEST:  # never read: resuming stops at the parameters
+            items["opt_state"] = ocp.args.StandardSave({"unused": np.zeros(1)})
+        manager.save(restored.step, args=ocp.args.Composite(
+            **items, meta=ocp.args.JsonSave(checkpoints.with_checksums(meta, params=old))))
+        manager.wait_until_finished()
+        manager.close()
+    return target
+
+
+def test_a_checkpoint_saved_per_layer_is_stacked_or_refused_in_one_line(tiny_config, full_run,
+                                                                       tmp_path):
+    workdir, _ = full_run
+    old = per_layer_copy(workdir, tmp_path / "per_layer")
+    step_dir = next((old / "checkpoints" / "selected").glob("[0-9]*"))
+    saved = ocp.StandardCheckpointHandler().metadata(epath.Path(step_dir) / "params").tree
+    assert param_names.per_layer_paths(traverse_util.flatten_dict(saved))
+    assert_trees_equal(params_of(old, "selected"), params_of(workdir, "selected"))
+    # Resuming needs the optimizer state in the stacked layout too: refused, in one line.
+    with pytest.raises(checkpoints.CheckpointError, match="saved before layers were stacked") \
+            as err:
+        train.train_and_evaluate(tiny_config(), str(old))
+    assert "\n" not in str(err.value) and "init_from" in str(err.value)
+    # Per-layer parameters that do not stack onto the model: one line naming the difference.
+    drop = lambda flat: {p: v for p, v in flat.items() if "1" not in p}  # encoder layer 1
+    short = per_layer_copy(workdir, tmp_path / "short", drop)
+    with pytest.raises(checkpoints.CheckpointError) as err:
+        checkpoints.restore_for_eval(str(short))
+    message = str(err.value)
+    assert "\n" not in message and "saved before layers were stacked" in message
+    assert "encoder/encoder/layer/attention/output/LayerNorm/bias has shape (1, 32), " \
+        "this model (2, 32)" in message
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, full_run,

@@ -21,6 +21,11 @@ Workdirs written before the rename hold the selected checkpoint in ``checkpoints
 best_verifiability/`` (``OLD_SELECTED``): where ``selected/`` is absent that folder is read (and a
 resumed run keeps saving there), with one log line; ``best_verifiability`` is still accepted
 wherever a checkpoint is named (``resolve_name``).
+
+Checkpoints saved before the layers were stacked (issue 42) hold one entry per layer
+(``encoder/encoder/layer/0/...``, ``detector/layer_0/...``): ``restore_for_eval`` (evaluation,
+prediction, ``train.init_from``) stacks them through the name table
+(``trip_jax.models.param_names``); resuming training from one is refused in one line.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from trip_jax.models import builders
+from flax import traverse_util
+
+from trip_jax.models import builders, param_names
 from trip_jax.runtime import paths, sharding
 from trip_jax.training import checksums
 from trip_jax.config import migrate
@@ -369,6 +376,14 @@ class RunCheckpoints:
         meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
         verify_meta(meta, where)
         check_compatible(meta["config"], config, where)
+        old = param_names.per_layer_paths(_saved_params(manager, step))
+        if old:
+            raise CheckpointError(
+                f"checkpoint {where} holds its layers' parameters one by one "
+                f"({'/'.join(old[0])}, ...: saved before layers were stacked), and its "
+                "optimizer state in that layout: it cannot resume this run; evaluate it (its "
+                "parameters are stacked on reading) or start a new run from them "
+                f"(--config.train.init_from={epath.Path(manager.directory).parent.parent})")
         restored = _restore(manager, step, params=ocp.args.StandardRestore(params),
                             opt_state=ocp.args.StandardRestore(opt_state))
         verify_arrays(meta, where, params=restored.params, opt_state=restored.opt_state)
@@ -472,6 +487,55 @@ def _eval_mesh(fsdp: int) -> jax.sharding.Mesh:
     return sharding.create_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=fsdp)))
 
 
+def _saved_params(manager: ocp.CheckpointManager, step: int) -> dict[tuple[str, ...], Any]:
+    """The flat tree of the saved parameters' metadata (shape, dtype) of ``step``."""
+    where = epath.Path(manager.directory) / str(step)
+    try:
+        tree = ocp.StandardCheckpointHandler().metadata(where / "params").tree
+    except Exception as err:  # orbax raises many types for unreadable metadata
+        logging.debug("reading the metadata of %s failed", where, exc_info=err)
+        raise DamagedCheckpointError(
+            f"checkpoint {where} is damaged or unreadable: could not restore the metadata of "
+            f"its {unreadable_part(err, where, ['params'])} (the cause is logged at debug "
+            "level, --verbosity=1)") from err
+    return traverse_util.flatten_dict(tree)
+
+
+def _restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, abstract,
+                       shardings, mesh: jax.sharding.Mesh):
+    """The parameters of a checkpoint saved before the layers were stacked (per-layer names,
+    ``param_names``): read as saved, verified, stacked through the name table and placed on
+    ``shardings``. CheckpointError in one line when they do not stack onto ``abstract``."""
+    where = epath.Path(manager.directory) / str(step)
+    saved = _saved_params(manager, step)
+    target = {p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding.replicated(mesh))
+              for p, m in saved.items()}
+    restored = _restore(manager, step, params=ocp.args.StandardRestore(
+        traverse_util.unflatten_dict(target))).params
+    verify_arrays(meta, str(where), params=restored)
+    try:
+        stacked = param_names.stack_layers(
+            traverse_util.flatten_dict(jax.device_get(restored)))
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {where}: its per-layer parameters do not stack: "
+                              f"{err}") from None
+    wanted = traverse_util.flatten_dict(abstract)
+    differences = sorted(
+        [f"{'/'.join(p)} missing" for p in wanted if p not in stacked]
+        + [f"{'/'.join(p)} not in this model" for p in stacked if p not in wanted]
+        + [f"{'/'.join(p)} has shape {stacked[p].shape}, this model {wanted[p].shape}"
+           for p in wanted if p in stacked and stacked[p].shape != wanted[p].shape])
+    if differences:
+        raise CheckpointError(
+            f"checkpoint {where} holds per-layer parameters (saved before layers were stacked) "
+            f"that differ from this model's once stacked: {differences[0]}"
+            + (f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""))
+    logging.info("%s: parameters saved per layer (before layers were stacked), stacked on "
+                 "reading", where)
+    return jax.device_put(traverse_util.unflatten_dict(
+        {p: stacked[p].astype(wanted[p].dtype) for p in wanted}), shardings)
+
+
 def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                      mesh: jax.sharding.Mesh | None = None,
                      config: ml_collections.ConfigDict | None = None) -> EvalModel:
@@ -502,9 +566,12 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
             lambda rng: builders.init_params(model, rng, saved.data.max_sentences),
             jax.random.key(0))
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
-        params = _restore(manager, step,
-                          params=ocp.args.StandardRestore(_abstract(abstract, shardings))).params
-        verify_arrays(meta, where, params=params)
+        if param_names.per_layer_paths(_saved_params(manager, step)):
+            params = _restore_per_layer(manager, step, meta, abstract, shardings, mesh)
+        else:
+            params = _restore(manager, step, params=ocp.args.StandardRestore(
+                _abstract(abstract, shardings))).params
+            verify_arrays(meta, where, params=params)
     finally:
         manager.close()
     return EvalModel(model=model, params=params, tokenizer=load_tokenizer(workdir),
