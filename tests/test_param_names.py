@@ -32,7 +32,8 @@ def tiered_shapes():
 
 def test_unstacked_names_are_hugging_faces_and_stacking_inverts():
     stacked = random_tree(weights.expected_params(transformers.BertConfig(**BERT)))
-    assert stacked[("encoder", "layer", "attention", "self", "query", "kernel")].shape == (3, 16, 16)
+    query = ("encoder", "layer", "attention", "self", "query", "kernel")
+    assert stacked[query].shape == (3, 16, 16)
     per_layer = param_names.unstack_layers(stacked)
     for i in range(3):
         np.testing.assert_array_equal(

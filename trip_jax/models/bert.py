@@ -4,8 +4,9 @@
 states [N, T, H] (no pooler). Parameter paths mirror ``FlaxBertModel`` / ``FlaxRobertaModel``
 (embeddings/word_embeddings/embedding, encoder/layer/attention/self/query/kernel, ...), the
 layers stacked on a leading axis (HF's ``encoder/layer/0/...`` is slice 0:
-``trip_jax.models.param_names``), so checkpoints load through ``trip_jax.models.weights``. With ``segment_ids``
-(``trip_jax.models.packing``) each packed row's hidden states equal the row's encoded alone.
+``trip_jax.models.param_names``), so checkpoints load through ``trip_jax.models.weights``.
+With ``segment_ids`` (``trip_jax.models.packing``) each packed row's hidden states equal the
+row's encoded alone.
 """
 
 from __future__ import annotations

@@ -36,17 +36,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 Path_ = tuple[str, ...]
 
-# parent module -> (stacked module name, per-layer name pattern, per-layer name of layer i).
-_STACKS: dict[str, tuple[str, re.Pattern, Callable[[int], Path_]]] = {
-    "encoder": ("layer", re.compile(r"^layer/(\d+)$"), lambda i: ("layer", str(i))),
-    "detector": ("layers", re.compile(r"^layer_(\d+)$"), lambda i: (f"layer_{i}",)),
+# The stacks: parent module -> (the stacked module's name, the names of layer {} below parent).
+_STACKS: dict[str, tuple[str, Path_]] = {
+    "encoder": ("layer", ("layer", "{}")),
+    "detector": ("layers", ("layer_{}",)),
 }
 ENCODER = "embedding."  # the encoder's PyTorch prefix
 HEAD_GROUPS = ("precondition_classifiers", "effect_classifiers")
@@ -86,16 +86,17 @@ def _per_layer(path: Path_) -> tuple[Path_, int, Path_] | None:
     for k, parent in enumerate(path[:-1]):
         if parent not in _STACKS:
             continue
-        name, pattern, _ = _STACKS[parent]
-        for width in (1, 2):
-            found = pattern.match("/".join(path[k + 1:k + 1 + width]))
-            if found and k + 1 + width < len(path):
-                return path[:k + 1] + (name,), int(found.group(1)), path[k + 1 + width:]
+        stacked, names = _STACKS[parent]
+        below = path[k + 1:k + 1 + len(names)]
+        found = re.fullmatch("/".join(names).replace("{}", r"(\d+)"), "/".join(below))
+        if found and k + 1 + len(names) < len(path):
+            return path[:k + 1] + (stacked,), int(found.group(1)), path[k + 1 + len(names):]
     return None
 
 
 def _layer_path(stacked: Path_, i: int, rest: Path_) -> Path_:
-    return stacked[:-1] + _STACKS[stacked[-2]][2](i) + rest
+    names = _STACKS[stacked[-2]][1]
+    return stacked[:-1] + tuple(n.format(i) for n in names) + rest
 
 
 def _slice(value, i: int):
