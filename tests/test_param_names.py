@@ -78,7 +78,7 @@ def test_tiered_model_round_trips_through_the_pytorch_names():
     assert tensors["effect_classifiers.19.out_proj.weight"].shape == (3, 16)
     assert tensors["embedding.encoder.layer.2.output.LayerNorm.weight"].shape == (16,)
     assert "decoder.weight" in tensors
-    back, unused = param_names.tiered_from_torch(tensors, shapes)
+    back, unused = param_names.tiered_from_torch(tensors, shapes, TIERED.num_classes)
     assert unused == []
     assert back.keys() == flat.keys()
     for path, value in flat.items():
@@ -90,10 +90,14 @@ def test_tensors_without_a_place_and_unfilled_parameters_are_reported():
     tensors = param_names.tiered_to_torch(random_tree(shapes), TIERED.num_classes)
     tensors["detector.layers.2.linear1.weight"] = np.zeros((16, 16), np.float32)
     del tensors["detector.layers.1.norm2.bias"]
-    back, unused = param_names.tiered_from_torch(tensors, shapes)
+    back, unused = param_names.tiered_from_torch(tensors, shapes, TIERED.num_classes)
     assert unused == ["detector.layers.2.linear1.weight"]
     assert ("detector", "layers", "ff_norm", "bias") not in back  # layer 1's is missing
     assert ("detector", "layers", "ff_norm", "scale") in back
+    tensors["effect_classifiers.3.out_proj.weight"] = np.zeros((2, 16), np.float32)
+    with pytest.raises(ValueError, match="effect_classifiers.3.out_proj has 2 classes; its "
+                                         "attribute has 3"):
+        param_names.tiered_from_torch(tensors, shapes, TIERED.num_classes)
 
 
 def test_save_pretrained_writes_hugging_faces_per_layer_msgpack(tmp_path):

@@ -207,7 +207,7 @@ def to_params(model: AuthorsModel, expected: Mapping[Path_, Any], source: str
     _encoder(tensors, expected, flat, source)
     rest = {p: v for p, v in expected.items() if p[0] != "encoder"}
     try:
-        found, unused = param_names.tiered_from_torch(tensors, rest)
+        found, unused = param_names.tiered_from_torch(tensors, rest, schema.NUM_CLASSES)
     except ValueError as err:
         raise AuthorsModelError(f"{source}: {str(err).splitlines()[0]}") from None
     flat.update(found)

@@ -253,12 +253,14 @@ def _detector_layers(flat: Mapping[Path_, Any]) -> list[int]:
     return sorted(found)
 
 
-def tiered_from_torch(tensors: Mapping[str, np.ndarray], expected: Mapping[Path_, Any]
+def tiered_from_torch(tensors: Mapping[str, np.ndarray], expected: Mapping[Path_, Any],
+                      num_classes: tuple[int, ...]
                       ) -> tuple[dict[Path_, np.ndarray], list[str]]:
     """The table's inverse: (flat stacked parameters filled from ``tensors`` (float32), names
     of the tensors with no place). ``expected`` is the flat stacked tree (path -> leaf with a
     shape) of the parameters to fill; a parameter some tensor lacks (or some layer of it) is
-    left out, for the caller to report. ValueError when a head's class count differs."""
+    left out, for the caller to report. ValueError naming the head whose class count is not its
+    attribute's (``num_classes``)."""
     per_layer = unstack_layers(expected)
     tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
     flat: dict[Path_, np.ndarray] = {}
@@ -275,7 +277,7 @@ def tiered_from_torch(tensors: Mapping[str, np.ndarray], expected: Mapping[Path_
             value = tensors.pop(name)
             flat[("encoder",) + target] = value if transform is None else transform(value)
     if HEADS + ("dense", "kernel") in per_layer:
-        _heads_from_torch(tensors, per_layer, flat)
+        _heads_from_torch(tensors, per_layer, flat, num_classes)
     for ours, theirs in _PROJECTIONS:
         put(ours + ("kernel",), f"{theirs}.weight", np.transpose)
         put(ours + ("bias",), f"{theirs}.bias")
@@ -308,33 +310,30 @@ def _shaped(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return value.reshape(shape) if value.size == int(np.prod(shape)) else value
 
 
-def _heads_from_torch(tensors: dict, per_layer: Mapping[Path_, Any], flat: dict) -> None:
+def _heads_from_torch(tensors: dict, per_layer: Mapping[Path_, Any], flat: dict,
+                      num_classes: tuple[int, ...]) -> None:
     """The 2 x A heads -> the stacked state heads (out_proj padded with zero columns)."""
-    count, _, width = per_layer[HEADS + ("out_proj", "kernel")].shape
-    num_heads = count // len(HEAD_GROUPS)
-    names = [f"{g}.{a}.{m}.{leaf}" for g in HEAD_GROUPS for a in range(num_heads)
-             for m in ("dense", "out_proj") for leaf in ("weight", "bias")]
+    width = per_layer[HEADS + ("out_proj", "kernel")].shape[-1]
+    heads = [(f"{g}.{a}.", n) for g in HEAD_GROUPS for a, n in enumerate(num_classes)]
+    names = [f"{head}{m}.{leaf}" for head, _ in heads for m in ("dense", "out_proj")
+             for leaf in ("weight", "bias")]
     if not all(n in tensors for n in names):
         return
-    stacks: dict[str, list[np.ndarray]] = {"dk": [], "db": [], "ok": [], "ob": []}
-    for group in HEAD_GROUPS:
-        for a in range(num_heads):
-            head = f"{group}.{a}."
-            kernel = tensors[head + "out_proj.weight"].T
-            n = kernel.shape[1]
-            if n > width:
-                raise ValueError(f"{head}out_proj has {n} classes; the model's heads have at "
-                                 f"most {width}")
-            stacks["dk"].append(tensors[head + "dense.weight"].T)
-            stacks["db"].append(tensors[head + "dense.bias"])
-            stacks["ok"].append(np.pad(kernel, ((0, 0), (0, width - n))))
-            stacks["ob"].append(np.pad(tensors[head + "out_proj.bias"], (0, width - n)))
+    stacks: dict[Path_, list[np.ndarray]] = {}
+    for head, n in heads:
+        kernel = tensors[head + "out_proj.weight"].T
+        if kernel.shape[1] != n:
+            raise ValueError(f"{head}out_proj has {kernel.shape[1]} classes; its attribute has "
+                             f"{n}")
+        for path, value in ((("dense", "kernel"), tensors[head + "dense.weight"].T),
+                            (("dense", "bias"), tensors[head + "dense.bias"]),
+                            (("out_proj", "kernel"), np.pad(kernel, ((0, 0), (0, width - n)))),
+                            (("out_proj", "bias"),
+                             np.pad(tensors[head + "out_proj.bias"], (0, width - n)))):
+            stacks.setdefault(HEADS + path, []).append(value)
     for name in names:
         tensors.pop(name)
-    for key, (module, leaf) in {"dk": ("dense", "kernel"), "db": ("dense", "bias"),
-                                "ok": ("out_proj", "kernel"),
-                                "ob": ("out_proj", "bias")}.items():
-        flat[HEADS + (module, leaf)] = np.stack(stacks[key])
+    flat.update({path: np.stack(values) for path, values in stacks.items()})
 
 
 def _stack_complete(flat: Mapping[Path_, np.ndarray], expected: Mapping[Path_, Any]

@@ -319,7 +319,7 @@ def torch_params_as_jax(model: ReferenceModel, like: Mapping) -> dict:
     columns a head lacks keep the values of ``like``."""
     like = traverse_util.flatten_dict(_to_numpy(like))
     tensors = {k: v.detach().numpy() for k, v in model.named_parameters()}
-    flat, unused = param_names.tiered_from_torch(tensors, like)
+    flat, unused = param_names.tiered_from_torch(tensors, like, model.config.num_classes)
     missing = sorted("/".join(p) for p in like if p not in flat)
     if unused or missing:
         raise KeyError(f"torch parameters with no place: {unused[:8]}; trip-jax parameters "
