@@ -111,10 +111,13 @@ def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
             "parameters": parameters, "seconds": seconds, "share_of_train_step": shares}
 
 
-def equation_counts(model: str, layout: str, batch_size: int) -> dict:
+def equation_counts(model: str, layout: str, batch_size: int, *,
+                    remat: bool | None = None) -> dict:
     """Jaxpr equations of model ``model``'s train and eval steps on a ``layout`` batch of
-    ``batch_size`` representative pairs (module docstring), with the parameter arrays' count."""
-    h = harness.Harness.build(model, abstract=True, overrides=cases.LAYOUTS[layout].overrides)
+    ``batch_size`` representative pairs (module docstring), with the parameter arrays' count;
+    ``remat`` overrides ``model.remat``."""
+    h = harness.Harness.build(model, abstract=True, remat=remat,
+                              overrides=cases.LAYOUTS[layout].overrides)
     local = h.layout_batch(layout, harness.representative_pairs(h.encoded, batch_size))
     state = h.state
     return {"model": model, "layout": layout, "batch_size": batch_size,
@@ -134,13 +137,16 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--prng-impl", default=None)
+    parser.add_argument("--remat", action="store_true",
+                        help="with --equations: count with model.remat on")
     parser.add_argument("--equations", action="store_true",
                         help="count the steps' jaxpr equations of each --model (comma-separated)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.equations:
         result = {"jax": jax.__version__,
-                  "cases": [equation_counts(m, args.layout, args.batch_size)
+                  "cases": [equation_counts(m, args.layout, args.batch_size,
+                                            remat=True if args.remat else None)
                             for m in args.model.split(",")]}
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
