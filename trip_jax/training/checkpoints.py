@@ -508,12 +508,11 @@ def _saved_params(manager: ocp.CheckpointManager, step: int) -> dict[tuple[str, 
 def _restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, abstract,
                        shardings, *, init_opt_state: Callable | None = None,
                        abstract_opt_state=None):
-    """The parameters of a checkpoint saved before the layers were stacked (per-layer names,
-    ``param_names``): read as saved, verified, stacked through the name table and placed on
-    ``shardings``. CheckpointError in one line when they do not stack onto ``abstract``.
-
-    With ``init_opt_state`` (the optimizer's ``init``) returns (params, opt_state): the
-    optimizer state is read in the layout ``init_opt_state`` gives the saved per-layer
+    """(params, opt_state) of a checkpoint saved before the layers were stacked (per-layer
+    names, ``param_names``): the parameters read as saved, verified, stacked through the name
+    table and placed on ``shardings``; CheckpointError in one line when they do not stack onto
+    ``abstract``. The optimizer state is None without ``init_opt_state`` (the optimizer's
+    ``init``); with it, it is read in the layout ``init_opt_state`` gives the saved per-layer
     parameters, verified, and stacked leaf by leaf onto ``abstract_opt_state`` (host arrays).
     """
     where = epath.Path(manager.directory) / str(step)
@@ -552,7 +551,7 @@ def _restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, ab
     params = jax.device_put(traverse_util.unflatten_dict(
         {p: stacked[p].astype(wanted[p].dtype) for p in wanted}), shardings)
     if init_opt_state is None:
-        return params
+        return params, None
     return params, _stack_leaves(jax.device_get(restored.opt_state), abstract_opt_state)
 
 
@@ -607,7 +606,7 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
             jax.random.key(0))
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
         if param_names.per_layer_paths(_saved_params(manager, step)):
-            params = _restore_per_layer(manager, step, meta, abstract, shardings)
+            params, _ = _restore_per_layer(manager, step, meta, abstract, shardings)
         else:
             params = _restore(manager, step, params=ocp.args.StandardRestore(
                 _abstract(abstract, shardings))).params
