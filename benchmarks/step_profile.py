@@ -18,6 +18,14 @@ faster step must shrink.
 
     python -m benchmarks.step_profile --model minilm --layout packed_tokens --batch-size 1 \\
         --out /tmp/profile.json
+
+With ``--equations`` it times nothing and compiles nothing: for each model of ``--model``
+(comma-separated) it counts the jaxpr equations of the real train and eval steps
+(``harness.jaxpr_equations``, traced on the shapes of the train state), the size of the program
+XLA is given, which grows with depth where layers are unrolled:
+
+    python -m benchmarks.step_profile --equations --model tiny,large_l2,large_l4 \\
+        --layout packed_tokens --batch-size 8 --out benchmarks/results/jaxpr_equations.json
 """
 
 from __future__ import annotations
@@ -103,6 +111,24 @@ def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
             "parameters": parameters, "seconds": seconds, "share_of_train_step": shares}
 
 
+def equation_counts(model: str, layout: str, batch_size: int, *,
+                    remat: bool | None = None) -> dict:
+    """Jaxpr equations of model ``model``'s train and eval steps on a ``layout`` batch of
+    ``batch_size`` representative pairs (module docstring), with the parameter arrays' count;
+    ``remat`` overrides ``model.remat``."""
+    h = harness.Harness.build(model, abstract=True, remat=remat,
+                              overrides=cases.LAYOUTS[layout].overrides)
+    local = h.layout_batch(layout, harness.representative_pairs(h.encoded, batch_size))
+    state = h.state
+    return {"model": model, "layout": layout, "batch_size": batch_size,
+            "dtype": h.config.model.dtype, "remat": bool(h.config.model.remat),
+            "encoder_layers": int(h.hf_config.num_hidden_layers),
+            "detector_layers": int(h.config.model.tiered.detector_layers),
+            "parameter_arrays": len(jax.tree_util.tree_leaves(state.params)),
+            "train_step": harness.jaxpr_equations(h.train_step, state, local),
+            "eval_step": harness.jaxpr_equations(h.eval_step, state.params, local)}
+
+
 def main(argv=None) -> None:
     """Parses flags, profiles, writes JSON (and prints it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -111,8 +137,21 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--prng-impl", default=None)
+    parser.add_argument("--remat", action="store_true",
+                        help="with --equations: count with model.remat on")
+    parser.add_argument("--equations", action="store_true",
+                        help="count the steps' jaxpr equations of each --model (comma-separated)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.equations:
+        result = {"jax": jax.__version__,
+                  "cases": [equation_counts(m, args.layout, args.batch_size,
+                                            remat=True if args.remat else None)
+                            for m in args.model.split(",")]}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        json.dump(result["cases"], sys.stdout, indent=1)
+        return
     result = profile_step(args.model, args.layout, args.batch_size, iters=args.iters,
                           prng_impl=args.prng_impl)
     with open(args.out, "w") as f:

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from benchmarks import cases, flops, harness, report, run, train_speed
+from benchmarks import cases, flops, harness, report, run, step_profile, train_speed
 from configs import base
 from trip_jax.models.tiered import TieredConfig
 
@@ -240,3 +240,14 @@ def test_encoder_flops_formula():
     assert flops.encoder_forward_flops(Config, [3, 3]) == 2 * n * 6 + 2 * (4 * 2 * 4 * 9)
     assert flops.heads_detector_forward_flops(4, TieredConfig(), 0) == 0
 
+
+
+def test_step_equations_do_not_grow_with_depth():
+    # Layers scanned: 2 and 4 encoder layers trace to programs of one size (step_profile
+    # --equations, which traces the real steps on the train state's shapes, compiling nothing).
+    two, four = (step_profile.equation_counts(name, "packed_tokens", 1)
+                 for name in ("smoke_large_l2", "smoke_large_l4"))
+    assert (two["encoder_layers"], four["encoder_layers"]) == (2, 4)
+    for key in ("train_step", "eval_step", "parameter_arrays"):
+        assert two[key] == four[key], key
+    assert two["train_step"] > 1000 and two["dtype"] == "bfloat16"

@@ -13,15 +13,19 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+from etils import epath
+from flax import traverse_util
 
 from configs import tiny
 from trip_jax import train
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate
-from trip_jax.models import builders
+from trip_jax.models import builders, param_names
 from trip_jax.runtime import jax_setup, sharding
 from trip_jax.training import checkpoints, optimizers
+from trip_jax.training import step as training_step
 from trip_jax.training.state import create_train_state, init_params_from
 
 KILL_AFTER_STEP = 2  # mid-epoch: the tiny config has 4 steps per epoch
@@ -167,6 +171,96 @@ def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
         checkpoints.restore_for_eval(str(broken))
 
 
+def trainer_of(config):
+    """The trainer (optimizer, abstract state, shardings) a run of ``config`` builds."""
+    data = input_pipeline.prepare_data(config)
+    hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
+    model = builders.build_model(config, hf_config)
+    return training_step.build_trainer(config, model, sharding.create_mesh(config.mesh), 10)
+
+
+def latest_state(workdir, trainer, **kwargs):
+    """(params, opt_state, meta) of the latest checkpoint of ``workdir``, on the host."""
+    abstract, shardings = trainer.abstract_state(), trainer.state_shardings
+    ckpts = checkpoints.RunCheckpoints(str(workdir), keep=2, async_save=False)
+    try:
+        params, opt_state, meta = ckpts.restore_latest(
+            abstract.params, abstract.opt_state, shardings.params, shardings.opt_state,
+            trainer.config, **kwargs)
+    finally:
+        ckpts.close()
+    return jax.device_get(params), jax.device_get(opt_state), meta
+
+
+def per_layer_opt_state(opt_state, per_layer_params, tx):
+    """``opt_state`` laid out as the optimizer lays it out for ``per_layer_params``: every
+    stacked leaf split into its layers' leaves (as a run before the layers were stacked had
+    it)."""
+    def key(path):
+        return tuple(str(getattr(k, "idx", getattr(k, "name", getattr(k, "key", k))))
+                     for k in path)
+
+    source = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        layers = param_names.layer_paths(key(path), leaf.shape[0]) if leaf.shape else None
+        for i, layer in enumerate(layers or [key(path)]):
+            source[layer] = leaf[i] if layers else leaf
+    old = jax.eval_shape(tx.init, per_layer_params)
+    return jax.tree_util.tree_map_with_path(lambda path, _: source[key(path)], old)
+
+
+def per_layer_copy(workdir, target, config, edit=lambda flat: flat):
+    """A copy of ``workdir`` whose selected and latest checkpoints hold the parameters (and
+    the latest its optimizer state) one entry per layer (``edit``-ed), as saved before the
+    layers were stacked."""
+    shutil.copytree(workdir, target)
+    trainer = trainer_of(config)
+    for kind in (checkpoints.SELECTED, checkpoints.LATEST):
+        restored = checkpoints.restore_for_eval(str(workdir), kind)
+        flat = traverse_util.flatten_dict(jax.device_get(restored.params))
+        trees = {"params": traverse_util.unflatten_dict(edit(param_names.unstack_layers(flat)))}
+        if kind == checkpoints.LATEST:
+            _, opt_state, _ = latest_state(workdir, trainer, init_opt_state=trainer.tx.init)
+            trees["opt_state"] = per_layer_opt_state(opt_state, trees["params"], trainer.tx)
+        meta = {k: v for k, v in restored.meta.items() if k != checkpoints.CHECKSUMS}
+        shutil.rmtree(target / "checkpoints" / kind)
+        manager = checkpoints._manager(str(target), kind)
+        manager.save(restored.step, args=ocp.args.Composite(
+            **{name: ocp.args.StandardSave(tree) for name, tree in trees.items()},
+            meta=ocp.args.JsonSave(checkpoints.with_checksums(meta, **trees))))
+        manager.wait_until_finished()
+        manager.close()
+    return target
+
+
+def test_a_checkpoint_saved_per_layer_is_stacked_or_refused_in_one_line(tiny_config, full_run,
+                                                                       tmp_path):
+    workdir, _ = full_run
+    config = tiny_config()
+    old = per_layer_copy(workdir, tmp_path / "per_layer", config)
+    step_dir = next((old / "checkpoints" / "selected").glob("[0-9]*"))
+    saved = ocp.StandardCheckpointHandler().metadata(epath.Path(step_dir) / "params").tree
+    assert param_names.per_layer_paths(traverse_util.flatten_dict(saved))
+    assert_trees_equal(params_of(old, "selected"), params_of(workdir, "selected"))
+    # Resuming: parameters and optimizer state stacked, bit for bit those of the original.
+    trainer = trainer_of(config)
+    params, opt_state, meta = latest_state(old, trainer, init_opt_state=trainer.tx.init)
+    original = latest_state(workdir, trainer, init_opt_state=trainer.tx.init)
+    assert_trees_equal(params, original[0])
+    assert_trees_equal(opt_state, original[1])
+    assert meta["step"] == original[2]["step"]
+    train.train_and_evaluate(config, str(old))  # resumes there (the run is finished)
+    # Per-layer parameters that do not stack onto the model: one line naming the difference.
+    drop = lambda flat: {p: v for p, v in flat.items() if "1" not in p}  # encoder layer 1
+    short = per_layer_copy(workdir, tmp_path / "short", config, drop)
+    with pytest.raises(checkpoints.CheckpointError) as err:
+        checkpoints.restore_for_eval(str(short))
+    message = str(err.value)
+    assert "\n" not in message and "saved before layers were stacked" in message
+    assert "encoder/encoder/layer/attention/output/LayerNorm/bias has shape (1, 32), " \
+        "this model (2, 32)" in message
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, full_run,
                                                                    tmp_path):
     workdir = tmp_path / "diverging"
@@ -291,10 +385,12 @@ def test_init_from_takes_an_earlier_runs_parameters_except_skipped(tiny_config, 
     params = jax.device_get(init_params_from(config, placed))
     for group in ("encoder", "state_heads", "states_proj", "embedding_proj"):
         assert_trees_equal(params[group], source[group])
-    assert_trees_equal(params["detector"]["layer_0"], source["detector"]["layer_0"])
+    # Layers stacked: layer 0 from the source, layer 1 (the source has none) fresh.
+    layer = lambda tree, i: jax.tree.map(lambda x: x[i], tree["detector"]["layers"])
+    assert_trees_equal(layer(params, 0), layer(source, 0))
     assert_trees_equal(params["detector"]["conflict_out"],
                        fresh["detector"]["conflict_out"])  # skipped
-    assert_trees_equal(params["detector"]["layer_1"], fresh["detector"]["layer_1"])  # not in source
+    assert_trees_equal(layer(params, 1), layer(fresh, 1))  # not in source
     assert not np.allclose(fresh["state_heads"]["heads"]["dense"]["kernel"],
                            source["state_heads"]["heads"]["dense"]["kernel"])
     config.model.tiered.detector_ff = 48  # another detector shape, no longer skipped

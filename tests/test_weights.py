@@ -59,8 +59,9 @@ def test_renaming_transposes_linear_and_strips_prefix(config, tmp_path):
     prefixed["cls.predictions.bias"] = np.zeros(50, np.float32)
     prefixed["bert.embeddings.position_ids"] = np.arange(20, dtype=np.int64)[None]
     _, params = weights.load_pretrained(_write(tmp_path, config, prefixed))
-    q = params["encoder"]["layer"]["1"]["attention"]["self"]["query"]
-    np.testing.assert_array_equal(q["kernel"], state["encoder.layer.1.attention.self.query.weight"].T)
+    q = params["encoder"]["layer"]["attention"]["self"]["query"]  # layers stacked: layer 1 = [1]
+    np.testing.assert_array_equal(q["kernel"][1],
+                                  state["encoder.layer.1.attention.self.query.weight"].T)
     np.testing.assert_array_equal(
         params["embeddings"]["LayerNorm"]["scale"], state["embeddings.LayerNorm.weight"])
     np.testing.assert_array_equal(
@@ -83,7 +84,7 @@ def test_legacy_gamma_beta_names(config):
 def test_dtype_cast(config, tmp_path):
     _, params = weights.load_pretrained(_write(tmp_path, config, _torch_style_state(config)),
                                         dtype=jnp.bfloat16)
-    assert params["encoder"]["layer"]["0"]["output"]["dense"]["kernel"].dtype == jnp.bfloat16
+    assert params["encoder"]["layer"]["output"]["dense"]["kernel"].dtype == jnp.bfloat16
 
 
 def test_wrong_shape_names_key_and_file(config, tmp_path):
@@ -106,7 +107,7 @@ def test_missing_key_strict_and_lenient(config, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="trip_jax.models.weights"):
         _, params = weights.load_pretrained(directory, strict=False)
     assert "encoder/layer/1/output/dense/bias" in caplog.text
-    assert params["encoder"]["layer"]["1"]["output"]["dense"]["bias"].shape == (16,)
+    assert params["encoder"]["layer"]["output"]["dense"]["bias"].shape == (2, 16)
 
 
 def test_extra_layer_is_an_architecture_mismatch(config, tmp_path):
@@ -177,7 +178,7 @@ def test_safetensors_load_needs_no_torch(config, tmp_path):
     code = ("import sys; sys.modules['torch'] = None\n"
             "from trip_jax.models.weights import load_pretrained\n"
             f"c, p = load_pretrained({str(directory)!r})\n"
-            "print(p['encoder']['layer']['1']['output']['dense']['kernel'].shape)")
+            "print(p['encoder']['layer']['output']['dense']['kernel'][1].shape)")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(root)})

@@ -9,7 +9,7 @@ tensors onto the flat parameter tree ``expected`` (path -> shape) of this projec
 ``TieredModel``: a tensor with no place, or a leaf left unfilled, is an ``AuthorsModelError``
 naming them; only ``DROPPED`` tensors (unused by the authors' forward pass) are left out, and
 ``AuthorsModel.dropped`` lists them. Any other problem is one ``AuthorsModelError`` line.
-The name correspondence: docs/convert.md.
+The name correspondence: ``trip_jax.models.param_names`` (the one table) and docs/convert.md.
 """
 
 from __future__ import annotations
@@ -200,23 +200,18 @@ def to_params(model: AuthorsModel, expected: Mapping[Path_, Any], source: str
     """Every leaf of ``expected`` (flat path -> shape-carrying leaf) filled from the pickled
     tensors (float32). AuthorsModelError naming any tensor with no place, any leaf left
     unfilled, or a shape that differs."""
+    from trip_jax.models import param_names  # with the encoder's conversion: after reading
+
     tensors = dict(model.tensors)
     flat: dict[Path_, np.ndarray] = {}
-
-    def take(name: str) -> np.ndarray:
-        if name not in tensors:
-            raise AuthorsModelError(f"{source}: tensor {name} is missing")
-        return np.asarray(tensors.pop(name), np.float32)
-
     _encoder(tensors, expected, flat, source)
-    _heads(take, expected, flat, model)
-    for ours, theirs in ((("embedding_proj",), "embedding_proj"),
-                         (("states_proj",), "states_proj"),
-                         (("detector", "conflict_out"), "decoder")):
-        flat[ours + ("kernel",)] = take(f"{theirs}.weight").T
-        flat[ours + ("bias",)] = take(f"{theirs}.bias")
-    for i in range(model.tiered["detector_layers"]):
-        _detector_layer(take, expected, flat, i)
+    rest = {p: v for p, v in expected.items() if p[0] != "encoder"}
+    try:
+        found, unused = param_names.tiered_from_torch(tensors, rest, schema.NUM_CLASSES)
+    except ValueError as err:
+        raise AuthorsModelError(f"{source}: {str(err).splitlines()[0]}") from None
+    flat.update(found)
+    tensors = {n: tensors[n] for n in unused}
     if tensors:
         raise AuthorsModelError(f"{source}: tensors with no place in this project's model: "
                                 f"{_listing(sorted(tensors))}")
@@ -234,10 +229,10 @@ def to_params(model: AuthorsModel, expected: Mapping[Path_, Any], source: str
 def _encoder(tensors: dict[str, np.ndarray], expected: Mapping[Path_, Any],
              flat: dict[Path_, np.ndarray], source: str) -> None:
     """The encoder's tensors (``embedding.*``) through the Hugging Face renaming of
-    ``trip_jax.models.weights``."""
-    from trip_jax.models import weights  # jax and flax: only once the file has been read
+    ``trip_jax.models.weights``, layers stacked (``param_names``)."""
+    from trip_jax.models import param_names, weights  # jax and flax: only once read
 
-    prefix = "embedding."
+    prefix = param_names.ENCODER
     names = [n for n in tensors if n.startswith(prefix)]
     checkpoint = {tuple(n[len(prefix):].split(".")): tensors.pop(n) for n in names}
     inner = {p[1:]: v for p, v in expected.items() if p[0] == "encoder"}
@@ -249,50 +244,5 @@ def _encoder(tensors: dict[str, np.ndarray], expected: Mapping[Path_, Any],
     if report.unused:
         raise AuthorsModelError(f"{source}: encoder tensors with no place in this project's "
                                 f"encoder: {_listing(prefix + n for n in report.unused)}")
+    params = param_names.stack_layers(params)
     flat.update({("encoder",) + p: np.asarray(v, np.float32) for p, v in params.items()})
-
-
-def _heads(take, expected, flat, model: AuthorsModel) -> None:
-    """The 2 x 20 ClassificationHeads -> the stacked state heads (out_proj padded with zero
-    columns to the widest head; the model masks those classes)."""
-    width = expected[("state_heads", "heads", "out_proj", "kernel")].shape[-1]
-    dense_k, dense_b, out_k, out_b = [], [], [], []
-    for group in ("precondition_classifiers", "effect_classifiers"):
-        for i, n in enumerate(schema.NUM_CLASSES):
-            dense_k.append(take(f"{group}.{i}.dense.weight").T)
-            dense_b.append(take(f"{group}.{i}.dense.bias"))
-            kernel = take(f"{group}.{i}.out_proj.weight").T
-            bias = take(f"{group}.{i}.out_proj.bias")
-            if kernel.shape[1] != n:
-                raise AuthorsModelError(f"{group}.{i}.out_proj has {kernel.shape[1]} classes; "
-                                        f"attribute {schema.ATTRIBUTES[i]} has {n}")
-            out_k.append(np.pad(kernel, ((0, 0), (0, width - n))))
-            out_b.append(np.pad(bias, (0, width - n)))
-    root = ("state_heads", "heads")
-    flat[root + ("dense", "kernel")] = np.stack(dense_k)
-    flat[root + ("dense", "bias")] = np.stack(dense_b)
-    flat[root + ("out_proj", "kernel")] = np.stack(out_k)
-    flat[root + ("out_proj", "bias")] = np.stack(out_b)
-
-
-def _detector_layer(take, expected, flat, i: int) -> None:
-    """nn.TransformerEncoderLayer ``detector.layers.i`` -> ``detector/layer_i``."""
-    theirs, ours = f"detector.layers.{i}.", ("detector", f"layer_{i}")
-    attention = ours + ("self_attention",)
-    w, b = take(theirs + "self_attn.in_proj_weight"), take(theirs + "self_attn.in_proj_bias")
-    d = w.shape[1]
-    for j, name in enumerate(("query", "key", "value")):
-        path = attention + (name,)
-        flat[path + ("kernel",)] = w[j * d:(j + 1) * d].T.reshape(
-            expected[path + ("kernel",)].shape)
-        flat[path + ("bias",)] = b[j * d:(j + 1) * d].reshape(expected[path + ("bias",)].shape)
-    out = attention + ("out",)
-    flat[out + ("kernel",)] = take(theirs + "self_attn.out_proj.weight").T.reshape(
-        expected[out + ("kernel",)].shape)
-    flat[out + ("bias",)] = take(theirs + "self_attn.out_proj.bias")
-    for mine, name in (("ff_in", "linear1"), ("ff_out", "linear2")):
-        flat[ours + (mine, "kernel")] = take(f"{theirs}{name}.weight").T
-        flat[ours + (mine, "bias")] = take(f"{theirs}{name}.bias")
-    for mine, name in (("attention_norm", "norm1"), ("ff_norm", "norm2")):
-        flat[ours + (mine, "scale")] = take(f"{theirs}{name}.weight")
-        flat[ours + (mine, "bias")] = take(f"{theirs}{name}.bias")

@@ -2,9 +2,11 @@
 
 ``BertEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden
 states [N, T, H] (no pooler). Parameter paths mirror ``FlaxBertModel`` / ``FlaxRobertaModel``
-(embeddings/word_embeddings/embedding, encoder/layer/0/attention/self/query/kernel, ...), so
-checkpoints load through ``trip_jax.models.weights``. With ``segment_ids``
-(``trip_jax.models.packing``) each packed row's hidden states equal the row's encoded alone.
+(embeddings/word_embeddings/embedding, encoder/layer/attention/self/query/kernel, ...), the
+layers stacked on a leading axis (HF's ``encoder/layer/0/...`` is slice 0:
+``trip_jax.models.param_names``), so checkpoints load through ``trip_jax.models.weights``.
+With ``segment_ids`` (``trip_jax.models.packing``) each packed row's hidden states equal the
+row's encoded alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
 from trip_jax.models.packing import segment_attention_mask, segment_positions
 
@@ -176,36 +179,24 @@ class BertIntermediate(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """One transformer block: attention, intermediate, output."""
+    """One transformer block: attention, intermediate, output. Returns ``(x, None)``, the
+    carry of ``layer_stack.scanned``."""
 
     config: Any
     dtype: Any = jnp.float32
+    deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x, bias, deterministic: bool = True):
-        x = BertAttention(self.config, self.dtype, name="attention")(x, bias, deterministic)
+    def __call__(self, x, bias):
+        x = BertAttention(self.config, self.dtype, name="attention")(x, bias, self.deterministic)
         h = BertIntermediate(self.config, self.dtype, name="intermediate")(x)
-        return BertResidualOutput(self.config, self.dtype, name="output")(h, x, deterministic)
-
-
-class BertLayerStack(nn.Module):
-    """The layers, named "0", "1", ... as in HF's layer collection; optionally rematerialised."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-
-    @nn.compact
-    def __call__(self, x, bias, deterministic: bool):
-        # static_argnums counts self as argument 0, so `deterministic` is argument 3.
-        layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if self.remat else BertLayer
-        for i in range(self.config.num_hidden_layers):
-            x = layer_cls(self.config, self.dtype, name=str(i))(x, bias, deterministic)
-        return x
+        return BertResidualOutput(self.config, self.dtype, name="output")(
+            h, x, self.deterministic), None
 
 
 class BertTransformer(nn.Module):
-    """HF's ``encoder`` submodule: holds the layer stack under the name ``layer``."""
+    """HF's ``encoder`` submodule: the layers, stacked and scanned under the name ``layer``
+    (``layer_stack``; per-layer names: ``param_names``), optionally rematerialised."""
 
     config: Any
     dtype: Any = jnp.float32
@@ -213,8 +204,10 @@ class BertTransformer(nn.Module):
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
-        return BertLayerStack(self.config, self.dtype, self.remat, name="layer")(
-            x, bias, deterministic)
+        layers = layer_stack.scanned(BertLayer, length=self.config.num_hidden_layers,
+                                     remat=self.remat)
+        x, _ = layers(self.config, self.dtype, deterministic, name="layer")(x, bias)
+        return x
 
 
 class BertEncoder(nn.Module):

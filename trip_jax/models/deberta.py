@@ -4,8 +4,9 @@
 states [N, T, H]. ``config.model_type`` "deberta" (fused ``in_proj`` with ``q_bias``/``v_bias``,
 linear distances) or "deberta-v2" (separate projections, ``position_buckets``,
 ``share_att_key``, ``norm_rel_ebd``, ``conv_kernel_size``) picks the variant. Parameter paths
-mirror the torch modules (``encoder/layer/0/attention/self/in_proj/kernel``, ...), so checkpoints
-convert by renaming (``trip_jax.models.weights``). With ``segment_ids``
+mirror the torch modules (``encoder/layer/attention/self/in_proj/kernel``, ..., the layers
+stacked on a leading axis: torch's ``encoder.layer.0`` is slice 0, ``param_names``), so
+checkpoints convert by renaming (``trip_jax.models.weights``). With ``segment_ids``
 (``trip_jax.models.packing``) each packed row's hidden states equal the row's encoded alone
 (why: docs/reference.md, "Hand-written parts"); configs with ``conv_kernel_size > 0`` refuse them.
 """
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
 from trip_jax.models.packing import segment_attention_mask, segment_positions
 
@@ -285,37 +288,30 @@ class DebertaIntermediate(nn.Module):
 
 
 class DebertaLayer(nn.Module):
-    """One transformer layer: attention, intermediate, output."""
+    """One transformer layer: attention, intermediate, output (a step of ``layer_stack``)."""
 
     config: Any
     dtype: Any = jnp.float32
+    deterministic: bool = True
 
     @nn.compact
-    def __call__(self, hidden, pair_mask, rel_embeddings, deterministic: bool = True):
-        """Returns the layer output [N, T, H]."""
+    def __call__(self, hidden, pair_mask, rel_embeddings, index, first):
+        """Returns ``(output [N, T, H], None)``. ``index``: this layer's number; ``first``:
+        None, or (conv parameters, embeddings, mask) of DeBERTa-v2's convolution, which layer
+        0's output is mixed with (``DebertaConvLayer``)."""
         attended = DebertaAttention(self.config, self.dtype, name="attention")(
-            hidden, pair_mask, rel_embeddings, deterministic)
+            hidden, pair_mask, rel_embeddings, self.deterministic)
         expanded = DebertaIntermediate(self.config, self.dtype, name="intermediate")(attended)
-        return DebertaResidualOutput(self.config, self.dtype, name="output")(
-            expanded, attended, deterministic)
-
-
-class DebertaLayerCollection(nn.Module):
-    """Holds the layers under the names ``0``, ``1``, ... (torch's ``encoder.layer.<i>``)."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-
-    def setup(self):
-        # deterministic (argument 4, counting self) must stay a Python bool under remat.
-        layer_cls = nn.remat(DebertaLayer, static_argnums=(4,)) if self.remat else DebertaLayer
-        self.layers = [layer_cls(self.config, self.dtype, name=str(i))
-                       for i in range(self.config.num_hidden_layers)]
-
-    def __call__(self, index: int, hidden, pair_mask, rel_embeddings, deterministic: bool):
-        """Runs layer ``index`` on ``hidden``."""
-        return self.layers[index](hidden, pair_mask, rel_embeddings, deterministic)
+        out = DebertaResidualOutput(self.config, self.dtype, name="output")(
+            expanded, attended, self.deterministic)
+        if first is None:
+            return out, None
+        conv_params, embeddings, mask = first
+        rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
+        conv = DebertaConvLayer(self.config, self.dtype, parent=None)
+        mixed = lambda y: conv.apply({"params": conv_params}, embeddings, y, mask,
+                                     self.deterministic, rngs=rngs)
+        return jax.lax.cond(index == 0, mixed, lambda y: y, out), None
 
 
 class DebertaConvLayer(nn.Module):
@@ -342,7 +338,9 @@ class DebertaConvLayer(nn.Module):
 
 
 class DebertaLayerStack(nn.Module):
-    """Torch's ``DebertaEncoder``: relative embeddings, the layers and (v2) the conv layer."""
+    """Torch's ``DebertaEncoder``: relative embeddings, the layers (stacked and scanned under
+    the name ``layer``: ``layer_stack``; per-layer names: ``param_names``) and (v2) the conv
+    layer after the first."""
 
     config: Any
     dtype: Any = jnp.float32
@@ -371,15 +369,17 @@ class DebertaLayerStack(nn.Module):
             pair_mask = (mask[:, None, :, None] & mask[:, None, None, :])
         else:
             pair_mask = segment_attention_mask(segment_ids)
-        layers = DebertaLayerCollection(cfg, self.dtype, self.remat, name="layer")
-        use_conv = _is_v2(cfg) and getattr(cfg, "conv_kernel_size", 0) > 0
-        embeddings = hidden
-        for i in range(cfg.num_hidden_layers):
-            out = layers(i, hidden, pair_mask, rel, deterministic)
-            if i == 0 and use_conv:
-                out = DebertaConvLayer(cfg, self.dtype, name="conv")(
-                    embeddings, out, mask, deterministic)
-            hidden = out
+        first = None
+        if _is_v2(cfg) and getattr(cfg, "conv_kernel_size", 0) > 0:
+            conv = DebertaConvLayer(cfg, self.dtype, name="conv")
+            if self.is_initializing():  # creates its parameters; layer 0 applies it
+                conv(hidden, hidden, mask, True)
+            first = (conv.variables["params"], hidden, mask)
+        layers = layer_stack.scanned(
+            DebertaLayer, length=cfg.num_hidden_layers, remat=self.remat,
+            in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast))
+        hidden, _ = layers(cfg, self.dtype, deterministic, name="layer")(
+            hidden, pair_mask, rel, jnp.arange(cfg.num_hidden_layers), first)
         return hidden
 
 

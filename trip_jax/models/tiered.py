@@ -17,7 +17,7 @@ from flax import linen as nn
 
 from trip_jax.config.sections import (Activation, Cells, PaddingRowAttention, PaddingRows,
                                       TieredConfig, choices_of)
-from trip_jax.models import exact_mode
+from trip_jax.models import exact_mode, layer_stack
 from trip_jax.models.cells import cell_view
 from trip_jax.models.encoders import build_encoder
 
@@ -100,11 +100,14 @@ class DetectorLayer(nn.Module):
     """A PyTorch-style TransformerEncoderLayer (post-LayerNorm unless ``norm_first``)."""
 
     config: TieredConfig
+    deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x, key_mask, *, deterministic: bool):
-        """x [N, S, D]; key_mask bool [N, S] (keys attended to) or None."""
+    def __call__(self, x, key_mask):
+        """x [N, S, D]; key_mask bool [N, S] (keys attended to) or None. Returns ``(x, None)``,
+        the carry of ``layer_stack.scanned``."""
         cfg = self.config
+        deterministic = self.deterministic
         drop = lambda y: nn.Dropout(cfg.detector_dropout)(y, deterministic=deterministic)
         norm = lambda name: nn.LayerNorm(epsilon=cfg.detector_layer_norm_eps, name=name)
         mask = None if key_mask is None else key_mask[:, None, None, :]
@@ -120,13 +123,16 @@ class DetectorLayer(nn.Module):
         if cfg.detector_norm_first:
             y = norm("attention_norm")(x)
             x = x + drop(attention(y, mask=mask))
-            return x + drop(feed_forward(norm("ff_norm")(x)))
+            return x + drop(feed_forward(norm("ff_norm")(x))), None
         x = norm("attention_norm")(x + drop(attention(x, mask=mask)))
-        return norm("ff_norm")(x + drop(feed_forward(x)))
+        return norm("ff_norm")(x + drop(feed_forward(x))), None
 
 
 class ConflictDetector(nn.Module):
-    """Transformer over the S sentences of each (story, entity) track -> conflict logits [N, S]."""
+    """Transformer over the S sentences of each (story, entity) track -> conflict logits [N, S].
+
+    The layers are stacked and scanned under the name ``layers`` (``layer_stack``; per-layer
+    names ``layer_<i>``: ``param_names``)."""
 
     config: TieredConfig
 
@@ -136,9 +142,10 @@ class ConflictDetector(nn.Module):
         cfg = self.config
         use_mask = cfg.detector_padding_mask
         x = nn.Dropout(cfg.detector_input_dropout)(x, deterministic=deterministic)
-        for i in range(cfg.detector_layers):
-            x = DetectorLayer(cfg, name=f"layer_{i}")(
-                x, sentence_mask if use_mask else None, deterministic=deterministic)
+        if cfg.detector_layers:
+            layers = layer_stack.scanned(DetectorLayer, length=cfg.detector_layers)
+            x, _ = layers(cfg, deterministic, name="layers")(
+                x, sentence_mask if use_mask else None)
         if use_mask:
             # Padded sentences carry nothing: keep them out of the flatten -> Dense(S).
             x = x * sentence_mask[..., None]

@@ -23,7 +23,8 @@ Two layouts of the same step: ``forward_padded`` runs the encoder on every cell 
 E x S grid (padding cells: 16 token ids 0, attention mask 0), as the original did;
 ``forward_rows`` runs it on the real rows and one padding row, whose vector fills every padding
 cell (the same numbers, less encoder work). ``load_jax_params`` copies a trip-jax parameter tree
-into the torch modules so that both start equal.
+into the torch modules so that both start equal, through the one name table
+(``trip_jax.models.param_names``), whose PyTorch names these modules carry.
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ import torch
 import transformers
 from torch import nn
 
+from flax import traverse_util
+
 from trip_jax.data import schema
+from trip_jax.models import param_names
+from trip_jax.models.tiered import class_mask
 
 LEGACY_MASK_BIAS = -10000.0  # transformers 4.11's additive bias of masked keys
 
@@ -80,20 +85,35 @@ def legacy_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return bias.expand(n, 1, t, t)
 
 
+class ClassificationHead(nn.Module):
+    """A state head: dropout -> dense -> tanh -> dropout -> out_proj."""
+
+    def __init__(self, hidden: int, num_labels: int, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(hidden, hidden)
+        self.out_proj = nn.Linear(hidden, num_labels)
+
+    def forward(self, x):
+        """Logits [N, num_labels] of embeddings [N, hidden]."""
+        x = torch.tanh(self.dense(self.dropout(x)))
+        return self.out_proj(self.dropout(x))
+
+
 class ReferenceModel(nn.Module):
-    """The tiered model of the reference (module docstring)."""
+    """The tiered model of the reference (module docstring), its modules named as the authors'
+    (``trip_jax.models.param_names``)."""
 
     def __init__(self, hf_config: transformers.PretrainedConfig, config: ReferenceConfig):
         super().__init__()
         self.config = config
         hf_config._attn_implementation = "eager"
-        self.encoder = transformers.AutoModel.from_config(
+        self.embedding = transformers.AutoModel.from_config(
             hf_config, add_pooling_layer=False, attn_implementation="eager")
         hidden = hf_config.hidden_size
-        self.heads = nn.ModuleList([
-            nn.Sequential(nn.Dropout(config.head_dropout), nn.Linear(hidden, hidden), nn.Tanh(),
-                          nn.Dropout(config.head_dropout), nn.Linear(hidden, n))
-            for _ in ("pre", "eff") for n in config.num_classes])
+        self.precondition_classifiers, self.effect_classifiers = (nn.ModuleList([
+            ClassificationHead(hidden, n, config.head_dropout) for n in config.num_classes])
+            for _ in ("pre", "eff"))
         self.projection_dropout = nn.Dropout(config.projection_dropout)
         self.embedding_proj = nn.Linear(hidden, config.embedding_projection)
         self.states_proj = nn.Linear(2 * sum(config.num_classes), config.state_projection)
@@ -105,12 +125,11 @@ class ReferenceModel(nn.Module):
         self.detector = nn.TransformerEncoder(layer, config.detector_layers,
                                               enable_nested_tensor=False)
         self.conflict_dropout = nn.Dropout(config.conflict_dropout)
-        self.conflict_out = nn.Linear(config.max_sentences * config.d_model,
-                                      config.max_sentences)
+        self.decoder = nn.Linear(config.max_sentences * config.d_model, config.max_sentences)
 
     def encode(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
         """Row embeddings [N, H]: position 0 of the last hidden state."""
-        out = self.encoder(input_ids=input_ids.long(),
+        out = self.embedding(input_ids=input_ids.long(),
                            attention_mask=legacy_attention_mask(attention_mask),
                            token_type_ids=token_type_ids.long())
         return out.last_hidden_state[:, 0]
@@ -146,7 +165,8 @@ class ReferenceModel(nn.Module):
         cfg = self.config
         grid = h.shape[:4]
         flat = h.reshape(-1, h.shape[-1])
-        logits = [head(flat) for head in self.heads]
+        logits = [head(flat) for head in (*self.precondition_classifiers,
+                                          *self.effect_classifiers)]
         num_attributes = len(cfg.num_classes)
         pre, eff = logits[:num_attributes], logits[num_attributes:]
         states = torch.cat(pre + eff, dim=-1).detach()
@@ -155,7 +175,7 @@ class ReferenceModel(nn.Module):
         tracks = features.reshape(-1, cfg.max_sentences, cfg.d_model)
         x = self.detector(self.detector_input_dropout(tracks))
         x = self.conflict_dropout(x.reshape(x.shape[0], -1))
-        conflict_logits = self.conflict_out(x).reshape(grid)
+        conflict_logits = self.decoder(x).reshape(grid)
         conflict_prob = torch.sigmoid(conflict_logits) * cell_mask
         return {
             "pre_logits": [z.reshape(*grid, -1) for z in pre],
@@ -274,125 +294,43 @@ def label_tensors(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
             for k in ("pre_label", "eff_label", "conflict_label", "story_label")}
 
 
-def _jax_to_torch(value: np.ndarray, kind: str) -> torch.Tensor:
-    value = np.array(value, np.float32)  # a writable copy
-    return torch.as_tensor(value.T.copy() if kind == "kernel" else value)
-
-
 def load_jax_params(model: ReferenceModel, params: Mapping) -> None:
-    """Copies a trip-jax TieredModel parameter tree into ``model`` (every parameter; an
-    unmatched one is an error)."""
-    params = _to_numpy(params)
-    cfg = model.config
-    state: dict[str, torch.Tensor] = {}
-    # Encoder: Hugging Face names; Linear weight = kernel.T, Embedding = embedding,
-    # LayerNorm weight = scale.
-    for name, _ in model.encoder.named_parameters():
-        *path, leaf = name.split(".")
-        node = params["encoder"]
-        for part in path:
-            node = node[part]
-        if leaf == "bias":
-            state[f"encoder.{name}"] = _jax_to_torch(node["bias"], "bias")
-        elif "kernel" in node:
-            state[f"encoder.{name}"] = _jax_to_torch(node["kernel"], "kernel")
-        elif "embedding" in node:
-            state[f"encoder.{name}"] = _jax_to_torch(node["embedding"], "embedding")
-        else:
-            state[f"encoder.{name}"] = _jax_to_torch(node["scale"], "scale")
-    heads = params["state_heads"]["heads"]
-    for i, n in enumerate(tuple(cfg.num_classes) * 2):
-        state[f"heads.{i}.1.weight"] = _jax_to_torch(heads["dense"]["kernel"][i], "kernel")
-        state[f"heads.{i}.1.bias"] = _jax_to_torch(heads["dense"]["bias"][i], "bias")
-        state[f"heads.{i}.4.weight"] = _jax_to_torch(heads["out_proj"]["kernel"][i][:, :n],
-                                                     "kernel")
-        state[f"heads.{i}.4.bias"] = _jax_to_torch(heads["out_proj"]["bias"][i][:n], "bias")
-    for name, node in (("embedding_proj", params["embedding_proj"]),
-                       ("states_proj", params["states_proj"]),
-                       ("conflict_out", params["detector"]["conflict_out"])):
-        state[f"{name}.weight"] = _jax_to_torch(node["kernel"], "kernel")
-        state[f"{name}.bias"] = _jax_to_torch(node["bias"], "bias")
-    d = cfg.d_model
-    for i in range(cfg.detector_layers):
-        layer, prefix = params["detector"][f"layer_{i}"], f"detector.layers.{i}."
-        attention = layer["self_attention"]
-        state[prefix + "self_attn.in_proj_weight"] = torch.cat([
-            _jax_to_torch(attention[k]["kernel"].reshape(d, d), "kernel")
-            for k in ("query", "key", "value")])
-        state[prefix + "self_attn.in_proj_bias"] = torch.cat([
-            _jax_to_torch(attention[k]["bias"].reshape(d), "bias")
-            for k in ("query", "key", "value")])
-        state[prefix + "self_attn.out_proj.weight"] = _jax_to_torch(
-            attention["out"]["kernel"].reshape(d, d), "kernel")
-        state[prefix + "self_attn.out_proj.bias"] = _jax_to_torch(attention["out"]["bias"],
-                                                                  "bias")
-        for ours, theirs in (("ff_in", "linear1"), ("ff_out", "linear2")):
-            state[prefix + f"{theirs}.weight"] = _jax_to_torch(layer[ours]["kernel"], "kernel")
-            state[prefix + f"{theirs}.bias"] = _jax_to_torch(layer[ours]["bias"], "bias")
-        for ours, theirs in (("attention_norm", "norm1"), ("ff_norm", "norm2")):
-            state[prefix + f"{theirs}.weight"] = _jax_to_torch(layer[ours]["scale"], "scale")
-            state[prefix + f"{theirs}.bias"] = _jax_to_torch(layer[ours]["bias"], "bias")
+    """Copies a trip-jax TieredModel parameter tree into ``model`` through the name table
+    (``param_names.tiered_to_torch``); a parameter of ``model`` without a value, or a value
+    without a parameter, is an error."""
+    state = param_names.tiered_to_torch(traverse_util.flatten_dict(_to_numpy(params)),
+                                        model.config.num_classes)
     expected = dict(model.named_parameters())
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise KeyError(f"no trip-jax parameter for {missing[:8]}")
+    missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or extra:
+        raise KeyError(f"no trip-jax parameter for {missing[:8]}; no torch parameter for "
+                       f"{extra[:8]}")
     with torch.no_grad():
         for name, value in state.items():
             if tuple(expected[name].shape) != tuple(value.shape):
                 raise ValueError(f"{name}: torch {tuple(expected[name].shape)}, "
                                  f"trip-jax {tuple(value.shape)}")
-            expected[name].copy_(value)
+            expected[name].copy_(torch.as_tensor(np.array(value, np.float32)))
 
 
 def torch_params_as_jax(model: ReferenceModel, like: Mapping) -> dict:
     """The torch parameters in the layout of the trip-jax tree ``like`` (for comparing after a
-    step): the inverse of ``load_jax_params`` on the parameters it fills; head columns a
-    head lacks keep the values of ``like``."""
-    like = _to_numpy(like)
-    out = _map_tree(lambda x: np.array(x, np.float32, copy=True), like)
-    torch_state = {k: v.detach().numpy() for k, v in model.named_parameters()}
-    cfg = model.config
-    for name, value in torch_state.items():
-        if name.startswith("encoder."):
-            *path, leaf = name[len("encoder."):].split(".")
-            node = out["encoder"]
-            for part in path:
-                node = node[part]
-            key = ("bias" if leaf == "bias" else "kernel" if "kernel" in node
-                   else "embedding" if "embedding" in node else "scale")
-            node[key] = value.T if key == "kernel" else value
-    heads = out["state_heads"]["heads"]
-    for i, n in enumerate(tuple(cfg.num_classes) * 2):
-        heads["dense"]["kernel"][i] = torch_state[f"heads.{i}.1.weight"].T
-        heads["dense"]["bias"][i] = torch_state[f"heads.{i}.1.bias"]
-        heads["out_proj"]["kernel"][i][:, :n] = torch_state[f"heads.{i}.4.weight"].T
-        heads["out_proj"]["bias"][i][:n] = torch_state[f"heads.{i}.4.bias"]
-    for name, node in (("embedding_proj", out["embedding_proj"]),
-                       ("states_proj", out["states_proj"]),
-                       ("conflict_out", out["detector"]["conflict_out"])):
-        node["kernel"] = torch_state[f"{name}.weight"].T
-        node["bias"] = torch_state[f"{name}.bias"]
-    d = cfg.d_model
-    for i in range(cfg.detector_layers):
-        layer, prefix = out["detector"][f"layer_{i}"], f"detector.layers.{i}."
-        attention = layer["self_attention"]
-        w = torch_state[prefix + "self_attn.in_proj_weight"]
-        b = torch_state[prefix + "self_attn.in_proj_bias"]
-        for j, k in enumerate(("query", "key", "value")):
-            shape = attention[k]["kernel"].shape
-            attention[k]["kernel"] = w[j * d:(j + 1) * d].T.reshape(shape)
-            attention[k]["bias"] = b[j * d:(j + 1) * d].reshape(attention[k]["bias"].shape)
-        shape = attention["out"]["kernel"].shape
-        attention["out"]["kernel"] = torch_state[prefix + "self_attn.out_proj.weight"].T.reshape(
-            shape)
-        attention["out"]["bias"] = torch_state[prefix + "self_attn.out_proj.bias"]
-        for ours, theirs in (("ff_in", "linear1"), ("ff_out", "linear2")):
-            layer[ours]["kernel"] = torch_state[prefix + f"{theirs}.weight"].T
-            layer[ours]["bias"] = torch_state[prefix + f"{theirs}.bias"]
-        for ours, theirs in (("attention_norm", "norm1"), ("ff_norm", "norm2")):
-            layer[ours]["scale"] = torch_state[prefix + f"{theirs}.weight"]
-            layer[ours]["bias"] = torch_state[prefix + f"{theirs}.bias"]
-    return out
+    step): the inverse of ``load_jax_params`` (``param_names.tiered_from_torch``); head
+    columns a head lacks keep the values of ``like``."""
+    like = traverse_util.flatten_dict(_to_numpy(like))
+    tensors = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    flat, unused = param_names.tiered_from_torch(tensors, like, model.config.num_classes)
+    missing = sorted("/".join(p) for p in like if p not in flat)
+    if unused or missing:
+        raise KeyError(f"torch parameters with no place: {unused[:8]}; trip-jax parameters "
+                       f"not filled: {missing[:8]}")
+    # [2A, C]: the columns each head (preconditions, then effects) lacks.
+    lacking = ~np.tile(class_mask(model.config.num_classes), (2, 1))
+    for leaf in ("kernel", "bias"):
+        path = param_names.HEADS + ("out_proj", leaf)
+        columns = lacking[:, None, :] if leaf == "kernel" else lacking
+        flat[path] = np.where(columns, like[path], flat[path])
+    return traverse_util.unflatten_dict(flat)
 
 
 def _map_tree(fn, tree):

@@ -1,11 +1,14 @@
 """Hugging Face checkpoints (msgpack / safetensors / PyTorch .bin) → Flax encoder parameters.
 
 Conversion is by renaming, guided by the encoder's own expected parameter tree (``jax.eval_shape``
-of its init): a PyTorch key ``a.b.weight`` becomes whichever of ``a/b/kernel`` (transposed),
-``a/b/embedding``, ``a/b/scale`` or ``a/b/weight`` the model has; ``gamma``/``beta`` become
-``scale``/``bias``; a base-model prefix (``bert.``, ``roberta.``, ``deberta.``) is stripped. Any
+of its init) seen per layer: a PyTorch key ``a.b.weight`` becomes whichever of ``a/b/kernel``
+(transposed), ``a/b/embedding``, ``a/b/scale`` or ``a/b/weight`` the model has; ``gamma``/``beta``
+become ``scale``/``bias``; a base-model prefix (``bert.``, ``roberta.``, ``deberta.``) is
+stripped; then the layers are stacked (``trip_jax.models.param_names``, the one name table). Any
 family whose Flax module names mirror the PyTorch module names therefore converts with no extra
-code; ``register_conversion_hook`` is there for a family that needs one.
+code; ``register_conversion_hook`` is there for a family that needs one. Hugging Face's
+per-layer ``flax_model.msgpack`` is what ``save_pretrained`` writes and every reader accepts
+(a stacked one too).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization, traverse_util
 
+from trip_jax.models import param_names
 from trip_jax.models.encoders import SUPPORTED_MODEL_TYPES, build_encoder
 from trip_jax.runtime import hub
 
@@ -106,9 +110,10 @@ def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool
         checkpoint, expected, dtype=dtype, strict=strict, source=source,
         ignore_unexpected=_IGNORE_UNEXPECTED.get(hf_config.model_type, ()))
     if report.missing:
-        fresh = traverse_util.flatten_dict(_init_params(hf_config, seed))
+        fresh = param_names.unstack_layers(
+            traverse_util.flatten_dict(jax.device_get(_init_params(hf_config, seed))))
         flat.update({k: np.asarray(fresh[k], dtype) for k in _paths(report.missing)})
-    return hf_config, traverse_util.unflatten_dict(flat)
+    return hf_config, traverse_util.unflatten_dict(param_names.stack_layers(flat))
 
 
 def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None = None,
@@ -228,8 +233,8 @@ def _init_inputs():
 
 
 def expected_params(hf_config) -> dict[Path_, jax.ShapeDtypeStruct]:
-    """The flat parameter shapes of the encoder ``build_encoder(hf_config)``, without computing
-    them."""
+    """The flat parameter shapes of the encoder ``build_encoder(hf_config)`` (layers stacked),
+    without computing them."""
     module = build_encoder(hf_config)
     shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *_init_inputs()))
     return traverse_util.flatten_dict(shapes["params"])
@@ -240,38 +245,13 @@ def _init_params(hf_config, seed: int):
     return jax.jit(build_encoder(hf_config).init)(jax.random.key(seed), *_init_inputs())["params"]
 
 
-def _kernel_from_torch(w: np.ndarray) -> np.ndarray:
-    # Linear [out, in] -> [in, out]; ConvNd [out, in, *k] -> [*k, in, out].
-    return np.transpose(w, tuple(range(2, w.ndim)) + (1, 0)) if w.ndim >= 2 else w
-
-
-def _candidates(path: Path_):
-    """Flax names a checkpoint tensor may have, each with the transform its value needs."""
-    *module, leaf = path
-    module = tuple(module)
-    if leaf == "weight":
-        return [(module + ("kernel",), _kernel_from_torch), (module + ("embedding",), None),
-                (module + ("scale",), None), (path, None)]
-    if leaf == "gamma":
-        return [(module + ("scale",), None), (path, None)]
-    if leaf == "beta":
-        return [(module + ("bias",), None), (path, None)]
-    return [(path, None)]
-
-
-def _match(path: Path_, expected: Mapping[Path_, object]):
-    for target, transform in _candidates(path):
-        if target in expected:
-            return target, transform
-    return None
-
-
 def _base_prefix(checkpoint: Checkpoint, expected: Mapping[Path_, object]) -> str | None:
     """The first key component (e.g. "bert") whose removal makes the most tensors match, if any."""
     top = {k[0] for k in expected}
     scores: dict[str, int] = {}
     for path in checkpoint:
-        if len(path) > 1 and path[0] not in top and _match(path[1:], expected):
+        if len(path) > 1 and path[0] not in top and param_names.encoder_match(path[1:],
+                                                                               expected):
             scores[path[0]] = scores.get(path[0], 0) + 1
     return max(scores, key=scores.get) if scores else None
 
@@ -293,14 +273,17 @@ def _listing(names) -> str:
 def convert_checkpoint(checkpoint: Checkpoint, expected: Mapping[Path_, jax.ShapeDtypeStruct], *,
                        dtype=jnp.float32, strict: bool = True, source: str = "checkpoint",
                        ignore_unexpected: tuple[str, ...] = ()):
-    """Renames ``checkpoint`` tensors onto the ``expected`` flat tree; returns (flat params,
-    LoadReport).
+    """Renames ``checkpoint`` tensors onto the ``expected`` flat tree (layers stacked, as
+    ``expected_params`` gives it); returns (flat params per layer, Hugging Face's paths:
+    ``param_names.stack_layers`` stacks them; LoadReport, per-layer names).
 
     Raises ValueError naming the key for a shape mismatch, for two tensors filling one parameter,
     when nothing matches, and (``strict``) for missing parameters or for tensors inside the
     encoder's own modules that the config has no place for. ``source`` names the file in messages.
     Tensors without a place whose path holds a name in ``ignore_unexpected`` count as unused.
     """
+    expected = param_names.unstack_layers(expected)
+    checkpoint = param_names.unstack_layers(checkpoint)  # a stacked msgpack reads too
     prefix = _base_prefix(checkpoint, expected)
     top = {k[0] for k in expected}
     flat: dict[Path_, np.ndarray] = {}
@@ -309,7 +292,7 @@ def convert_checkpoint(checkpoint: Checkpoint, expected: Mapping[Path_, jax.Shap
     for path, value in checkpoint.items():
         name = _name(path, source)
         stripped = path[1:] if prefix is not None and path[0] == prefix else path
-        hit = _match(stripped, expected)
+        hit = param_names.encoder_match(stripped, expected)
         if hit is None:
             floating = np.issubdtype(value.dtype, np.floating) or value.dtype == jnp.bfloat16
             # Integer buffers (position_ids) and modules outside the encoder (pooler, heads) are
@@ -367,16 +350,23 @@ def save_params(path: str | Path, params) -> None:
     Path(path).write_bytes(serialization.msgpack_serialize(host))
 
 
+def per_layer_tree(params):
+    """``params`` with the layers unstacked (Hugging Face's Flax layout: ``encoder/layer/0/...``),
+    as host arrays."""
+    flat = traverse_util.flatten_dict(jax.device_get(params))
+    return traverse_util.unflatten_dict(param_names.unstack_layers(flat))
+
+
 def load_params(path: str | Path):
     """Reads parameters written by ``save_params``, bit for bit."""
     return serialization.msgpack_restore(Path(path).read_bytes())
 
 
 def save_pretrained(directory: str | Path, hf_config, params) -> Path:
-    """Writes config.json and flax_model.msgpack so that ``load_pretrained(directory)`` re-reads
-    them."""
+    """Writes config.json and flax_model.msgpack (per layer, as Hugging Face's Flax models have
+    it) so that ``load_pretrained(directory)`` re-reads them."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     hf_config.save_pretrained(str(directory))
-    save_params(directory / FLAX_WEIGHTS, params)
+    save_params(directory / FLAX_WEIGHTS, per_layer_tree(params))
     return directory

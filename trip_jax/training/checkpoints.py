@@ -21,6 +21,12 @@ Workdirs written before the rename hold the selected checkpoint in ``checkpoints
 best_verifiability/`` (``OLD_SELECTED``): where ``selected/`` is absent that folder is read (and a
 resumed run keeps saving there), with one log line; ``best_verifiability`` is still accepted
 wherever a checkpoint is named (``resolve_name``).
+
+Checkpoints saved before the layers were stacked (issue 42) hold one entry per layer
+(``encoder/encoder/layer/0/...``, ``detector/layer_0/...``): ``restore_for_eval`` (evaluation,
+prediction, ``train.init_from``) stacks them through the name table
+(``trip_jax.models.param_names``), and so does resuming (``RunCheckpoints.restore_latest`` with
+the optimizer's ``init``, which says how the saved optimizer state was laid out).
 """
 
 from __future__ import annotations
@@ -28,16 +34,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from trip_jax.models import builders
+from flax import traverse_util
+
+from trip_jax.models import builders, param_names
 from trip_jax.runtime import paths, sharding
 from trip_jax.training import checksums
 from trip_jax.config import migrate
@@ -327,13 +336,16 @@ class RunCheckpoints:
         return ranking_score(kind, meta["metrics"])
 
     def restore_latest(self, abstract_params, abstract_opt_state, param_shardings,
-                       opt_shardings, config) -> tuple[Any, Any, dict]:
+                       opt_shardings, config, *, init_opt_state: Callable
+                       ) -> tuple[Any, Any, dict]:
         """Restores (params, opt_state, meta) of the newest intact checkpoint onto the given
         shardings, verified against its checksums.
 
         A damaged step is reported in one warning line and removed once an older intact step
         is found. CheckpointError when there is no checkpoint, when none is intact (nothing is
-        removed then), or when the newest belongs to another model config.
+        removed then), or when the newest belongs to another model config. A checkpoint saved
+        per layer (before layers were stacked) is read and stacked, its optimizer state in the
+        layout ``init_opt_state`` (the optimizer's ``init``) gives per-layer parameters.
         """
         manager = self.managers[LATEST]
         steps = sorted(manager.all_steps(), reverse=True)
@@ -344,7 +356,7 @@ class RunCheckpoints:
             try:
                 restored = self._restore_latest_step(
                     step, _abstract(abstract_params, param_shardings),
-                    _abstract(abstract_opt_state, opt_shardings), config)
+                    _abstract(abstract_opt_state, opt_shardings), config, init_opt_state)
             except DamagedCheckpointError as err:
                 logging.warning("%s; %s", err, "trying the step before" if step != steps[-1]
                                 else "no older checkpoint is left")
@@ -361,14 +373,21 @@ class RunCheckpoints:
             f"no intact checkpoint to resume from in {manager.directory}: steps {damaged} are "
             "all damaged (see the warnings above); move them away to start afresh")
 
-    def _restore_latest_step(self, step: int, params, opt_state, config
+    def _restore_latest_step(self, step: int, params, opt_state, config, init_opt_state
                              ) -> tuple[Any, Any, dict]:
-        """(params, opt_state, meta) of one latest step, verified (``restore_latest``)."""
+        """(params, opt_state, meta) of one latest step, verified (``restore_latest``);
+        ``params`` and ``opt_state`` are the abstract trees with their shardings."""
         manager = self.managers[LATEST]
         where = str(epath.Path(manager.directory) / str(step))
         meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
         verify_meta(meta, where)
         check_compatible(meta["config"], config, where)
+        if param_names.per_layer_paths(_saved_params(manager, step)):
+            shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
+            new_params, new_opt_state = _restore_per_layer(
+                manager, step, meta, params, shardings(params), init_opt_state=init_opt_state,
+                abstract_opt_state=opt_state)
+            return new_params, jax.device_put(new_opt_state, shardings(opt_state)), meta
         restored = _restore(manager, step, params=ocp.args.StandardRestore(params),
                             opt_state=ocp.args.StandardRestore(opt_state))
         verify_arrays(meta, where, params=restored.params, opt_state=restored.opt_state)
@@ -472,6 +491,90 @@ def _eval_mesh(fsdp: int) -> jax.sharding.Mesh:
     return sharding.create_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=fsdp)))
 
 
+def _saved_params(manager: ocp.CheckpointManager, step: int) -> dict[tuple[str, ...], Any]:
+    """The flat tree of the saved parameters' metadata (shape, dtype) of ``step``."""
+    where = epath.Path(manager.directory) / str(step)
+    try:
+        tree = ocp.StandardCheckpointHandler().metadata(where / "params").tree
+    except Exception as err:  # orbax raises many types for unreadable metadata
+        logging.debug("reading the metadata of %s failed", where, exc_info=err)
+        raise DamagedCheckpointError(
+            f"checkpoint {where} is damaged or unreadable: could not restore the metadata of "
+            f"its {unreadable_part(err, where, ['params'])} (the cause is logged at debug "
+            "level, --verbosity=1)") from err
+    return traverse_util.flatten_dict(tree)
+
+
+def _restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, abstract,
+                       shardings, *, init_opt_state: Callable | None = None,
+                       abstract_opt_state=None):
+    """(params, opt_state) of a checkpoint saved before the layers were stacked (per-layer
+    names, ``param_names``): the parameters read as saved, verified, stacked through the name
+    table and placed on ``shardings``; CheckpointError in one line when they do not stack onto
+    ``abstract``. The optimizer state is None without ``init_opt_state`` (the optimizer's
+    ``init``); with it, it is read in the layout ``init_opt_state`` gives the saved per-layer
+    parameters, verified, and stacked leaf by leaf onto ``abstract_opt_state`` (host arrays).
+    """
+    where = epath.Path(manager.directory) / str(step)
+    mesh = jax.tree.leaves(shardings)[0].mesh
+    replicated = sharding.replicated(mesh)
+    saved = traverse_util.unflatten_dict(
+        {p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated)
+         for p, m in _saved_params(manager, step).items()})
+    items = {"params": ocp.args.StandardRestore(saved)}
+    if init_opt_state is not None:
+        old_opt_state = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+            jax.eval_shape(init_opt_state, saved))
+        items["opt_state"] = ocp.args.StandardRestore(old_opt_state)
+    restored = _restore(manager, step, **items)
+    verify_arrays(meta, str(where), **{name: restored[name] for name in items})
+    try:
+        stacked = param_names.stack_layers(
+            traverse_util.flatten_dict(jax.device_get(restored.params)))
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {where}: its per-layer parameters do not stack: "
+                              f"{err}") from None
+    wanted = traverse_util.flatten_dict(abstract)
+    differences = sorted(
+        [f"{'/'.join(p)} missing" for p in wanted if p not in stacked]
+        + [f"{'/'.join(p)} not in this model" for p in stacked if p not in wanted]
+        + [f"{'/'.join(p)} has shape {stacked[p].shape}, this model {wanted[p].shape}"
+           for p in wanted if p in stacked and stacked[p].shape != wanted[p].shape])
+    if differences:
+        raise CheckpointError(
+            f"checkpoint {where} holds per-layer parameters (saved before layers were stacked) "
+            f"that differ from this model's once stacked: {differences[0]}"
+            + (f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""))
+    logging.info("%s: parameters saved per layer (before layers were stacked), stacked on "
+                 "reading", where)
+    params = jax.device_put(traverse_util.unflatten_dict(
+        {p: stacked[p].astype(wanted[p].dtype) for p in wanted}), shardings)
+    if init_opt_state is None:
+        return params, None
+    return params, _stack_leaves(jax.device_get(restored.opt_state), abstract_opt_state)
+
+
+def _components(path) -> tuple[str, ...]:
+    """A pytree key path as strings: list indices, attribute names and dict keys alike."""
+    return tuple(str(getattr(k, "idx", getattr(k, "name", getattr(k, "key", k))))
+                 for k in path)
+
+
+def _stack_leaves(old, abstract):
+    """The tree ``abstract`` filled from ``old`` (the same tree with per-layer parameter
+    paths): each leaf at a stacked path is its layers' leaves stacked (``param_names``)."""
+    leaves = {_components(p): v for p, v in jax.tree_util.tree_flatten_with_path(old)[0]}
+
+    def take(path, leaf):
+        path = _components(path)
+        layers = param_names.layer_paths(path, leaf.shape[0]) if leaf.shape else None
+        return (leaves[path] if layers is None
+                else np.stack([np.asarray(leaves[p]) for p in layers])).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(take, abstract)
+
+
 def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                      mesh: jax.sharding.Mesh | None = None,
                      config: ml_collections.ConfigDict | None = None) -> EvalModel:
@@ -502,9 +605,12 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
             lambda rng: builders.init_params(model, rng, saved.data.max_sentences),
             jax.random.key(0))
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
-        params = _restore(manager, step,
-                          params=ocp.args.StandardRestore(_abstract(abstract, shardings))).params
-        verify_arrays(meta, where, params=params)
+        if param_names.per_layer_paths(_saved_params(manager, step)):
+            params, _ = _restore_per_layer(manager, step, meta, abstract, shardings)
+        else:
+            params = _restore(manager, step, params=ocp.args.StandardRestore(
+                _abstract(abstract, shardings))).params
+            verify_arrays(meta, where, params=params)
     finally:
         manager.close()
     return EvalModel(model=model, params=params, tokenizer=load_tokenizer(workdir),

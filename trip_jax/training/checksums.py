@@ -1,7 +1,7 @@
 """Checksums of the arrays a checkpoint holds, to tell intact weights from damaged ones.
 
 ``tree_checksums(tree)`` maps each array's tree path (``jax.tree_util.keystr``, e.g.
-``['encoder']['layer_0']['kernel']``) to ``"DTYPE[SHAPE]:HEX"``: two 32-bit sums over the
+``['detector']['layers']['ff_in']['kernel']``) to ``"DTYPE[SHAPE]:HEX"``: two 32-bit sums over the
 array's raw bits, computed on the devices where the array lives (one jitted program per tree),
 so arrays sharded over several processes need no gathering. The sums are modulo 2**32, exact
 in any order, so the value does not depend on the sharding, the device count or the platform:

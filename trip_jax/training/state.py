@@ -19,9 +19,16 @@ import numpy as np
 import optax
 from absl import logging
 
-from trip_jax.models import builders
+from flax import traverse_util
+
+from trip_jax.models import builders, param_names
 from trip_jax.runtime import sharding
 from trip_jax.training import checkpoints
+
+
+def _name(path: tuple[str, ...]) -> str:
+    """A flat path as ``jax.tree_util.keystr`` names it: ``['detector']['layer_0']...``."""
+    return "".join(f"[{k!r}]" for k in path)
 
 
 @flax.struct.dataclass
@@ -86,6 +93,8 @@ def init_params_from(config, params):
     ``train.init_from_checkpoint`` of the run in ``train.init_from`` whose path (e.g.
     ``['detector']['conflict_out']['kernel']``) does not match the regex ``train.init_skip``
     and that the earlier run's model has; the others keep their fresh initialisation (logged).
+    Layers count one by one (``['detector']['layer_1']...``, ``param_names``): a run with more
+    layers takes the earlier run's and initialises the rest.
 
     Another encoder or tokenizer, or a parameter whose shape differs from the earlier run's, is
     an error; another data split (protocol, held-out slice) is a warning, since the earlier run
@@ -107,23 +116,40 @@ def init_params_from(config, params):
         logging.warning("train.init_from: %s used other data settings (%s): it may have trained "
                         "on this run's selection pairs", train_config.init_from,
                         ", ".join(f"data.{k}={source.config.data[k]!r}" for k in changed))
-    loaded = {jax.tree_util.keystr(path): leaf
-              for path, leaf in jax.tree_util.tree_leaves_with_path(source.params)}
+    # Parameter by parameter and layer by layer (param_names: the per-layer view), so that a
+    # run with more layers takes the earlier run's and initialises the others.
+    loaded = {_name(p): v for p, v in param_names.unstack_layers(
+        traverse_util.flatten_dict(source.params)).items()}
     skip = re.compile(train_config.init_skip) if train_config.init_skip else None
     taken, fresh = [], []
 
-    def pick(path, leaf):
-        name = jax.tree_util.keystr(path)
+    def pick(path, shape):
+        """The earlier run's value of the parameter (or layer) at ``path``, or None."""
+        name = _name(path)
         if name not in loaded or (skip is not None and skip.search(name)):
             fresh.append(name)
-            return leaf
-        if np.shape(loaded[name]) != np.shape(leaf):
+            return None
+        if np.shape(loaded[name]) != tuple(shape):
             raise ValueError(f"train.init_from: {name} has shape {np.shape(loaded[name])} in "
-                             f"{train_config.init_from} but {np.shape(leaf)} in this model")
+                             f"{train_config.init_from} but {tuple(shape)} in this model")
         taken.append(name)
-        return jax.device_put(loaded[name].astype(leaf.dtype), leaf.sharding)
+        return loaded[name]
 
-    params = jax.tree_util.tree_map_with_path(pick, params)
+    def place(path, leaf):
+        layers = param_names.layer_paths(path, leaf.shape[0] if leaf.ndim else 0)
+        if layers is None:
+            value = pick(path, leaf.shape)
+            return leaf if value is None else jax.device_put(value.astype(leaf.dtype),
+                                                             leaf.sharding)
+        sharding = leaf.sharding
+        for i, layer in enumerate(layers):  # on the devices: fresh layers are never fetched
+            value = pick(layer, leaf.shape[1:])
+            if value is not None:
+                leaf = leaf.at[i].set(jnp.asarray(value, leaf.dtype))
+        return jax.device_put(leaf, sharding)
+
+    params = traverse_util.unflatten_dict(
+        {p: place(p, v) for p, v in traverse_util.flatten_dict(params).items()})
     # One entry per top-level group: "detector (18)" rather than 18 paths.
     groups = collections.Counter(name.split("]")[0] + "]" for name in fresh)
     logging.info("train.init_from: %d parameters from %s (%s checkpoint, step %d, protocol "
