@@ -14,7 +14,6 @@ import pytest
 
 from trip_jax import cli, cross_validate, train
 from trip_jax.config import checks, sweeps
-from trip_jax.evaluation import cv_summary
 from trip_jax.training import checkpoints
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")

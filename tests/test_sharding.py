@@ -57,7 +57,6 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
 
     from configs import tiny
     from trip_jax.data import input_pipeline
-    from trip_jax.evaluation import evaluate
     from trip_jax.models import builders
     from trip_jax.training import checkpoints, losses, optimizers
     from trip_jax.training import state as train_state, step as train_step
