@@ -499,9 +499,9 @@ def _saved_params(manager: ocp.CheckpointManager, step: int) -> dict[tuple[str, 
     except Exception as err:  # orbax raises many types for unreadable metadata
         logging.debug("reading the metadata of %s failed", where, exc_info=err)
         raise DamagedCheckpointError(
-            f"checkpoint {where} is damaged or unreadable: could not restore the metadata of "
-            f"its {unreadable_part(err, where, ['params'])} (the cause is logged at debug "
-            "level, --verbosity=1)") from err
+            f"checkpoint {where} is damaged or unreadable: could not restore its "
+            f"{unreadable_part(err, where, ['params'])} (the cause is logged at debug level, "
+            "--verbosity=1)") from err
     return traverse_util.flatten_dict(tree)
 
 
