@@ -1,24 +1,27 @@
 """The GPU check that fits one device lease: every case of a model in one process, JSON after each.
 
     bash benchmarks/gpu_check.sh OUT_DIR        # on the device (benchmarks/README.md)
-    python -m benchmarks.gpu_check --smoke --skip-parity --out /tmp/gpu_check.json  # CPU, seconds
+    python -m benchmarks.gpu_check --smoke --parity skip --out /tmp/gpu_check.json  # CPU, seconds
 
 The cases are ``cases.gpu_check_grid``, run in their order in this one process: one CUDA start,
 and one init per model, shared by its adjacent cases (trip-jax: same model, layout, dtype and
 remat, ``train_speed.build`` then ``train_speed.measure`` per case; the eager PyTorch reference:
-same model, ``torch_speed.build`` / ``measure``). First the matmul peak of each dtype
-(``flops.measure_on_device``, for MFU), then the PyTorch reference, whose device memory is handed
-back (torch's cache emptied) before trip-jax's first case: JAX's pool grows on demand and keeps
-what it took (``gpu_check.sh`` sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and the share of the
-device it may take). Then the exact-mode parity tests (``PARITY_TESTS``) in a pytest subprocess
-(junit XML beside the JSON), and issue #42's goals (``cases.GPU_GOALS``).
+same model, ``torch_speed.build`` / ``measure``). First the exact-mode parity tests
+(``PARITY_TESTS``) in a pytest subprocess, before this process takes device memory and so that
+a case cut short by the command's time limit does not take them along (``--parity last``: after
+the cases; ``skip``); then the matmul peak of each dtype (``flops.measure_on_device``, for MFU);
+then the PyTorch reference, whose device memory is handed back (torch's cache emptied) before
+trip-jax's first case: JAX's pool grows on demand and keeps what it took (``gpu_check.sh`` sets
+``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and the share of the device it may take). Issue #42's
+goals (``cases.GPU_GOALS``) are judged on what ran.
 
 After every case the JSON is rewritten (``run.save``: MFU, the ratios to the torch reference,
-the goals, the markdown tables), so a run cut short keeps what finished. Time: a case starts
-only while ``--min-case-s`` of the budget is left after ``--parity-reserve-s`` (kept for the
-parity tests); the rest are recorded under ``skipped`` with the reason. A failing case is
-recorded with its error and the next runs. ``--smoke`` shrinks every case
-(``cases.smoke_case``: a 2-layer width-64 model, one step, 4 pairs).
+the goals, the markdown tables), so a run cut short keeps what finished. Time: the parity tests
+get ``--parity-s`` (their outcomes so far are kept when cut), and a case starts only while
+``--min-case-s`` of ``--budget-s`` is left (after ``--parity-s`` when the tests run last); the
+rest are recorded under ``skipped`` with the reason. A failing case is recorded with its error
+and the next runs. ``--smoke`` shrinks every case (``cases.smoke_case``: a 2-layer width-64
+model, one step, 4 pairs).
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ import dataclasses
 import gc
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
 import traceback
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
 
@@ -140,46 +143,46 @@ def measure_case(models: Models, case: cases.Case) -> dict:
     return record
 
 
-def parity_summary(junit_xml: str) -> dict:
-    """Passed, failed, errors and skipped tests of a pytest junit XML, and the failed ones'
-    names (failures and errors)."""
+# A test's outcome in pytest's verbose output: "tests/test_x.py::test_y[id] PASSED  [ 50%]".
+_OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
+_STATUS = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "errors",
+           "SKIPPED": "skipped", "XFAIL": "skipped"}
+
+
+def parity_summary(output: str) -> dict:
+    """Passed, failed, errors and skipped tests in pytest's verbose ``output`` (all of it, or
+    what came before a time-out), and the names of the failed ones and those in error."""
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failed_names": []}
-    for case in ElementTree.fromstring(junit_xml).iter("testcase"):
-        tags = {child.tag for child in case}
-        status = ("failed" if "failure" in tags else "errors" if "error" in tags
-                  else "skipped" if "skipped" in tags else "passed")
-        counts[status] += 1
-        if status in ("failed", "errors"):
-            counts["failed_names"].append(f"{case.get('classname')}::{case.get('name')}")
+    for name, outcome in _OUTCOME.findall(output):
+        counts[_STATUS[outcome]] += 1
+        if _STATUS[outcome] in ("failed", "errors"):
+            counts["failed_names"].append(name)
     return counts
 
 
-def run_parity(junit: Path, timeout_s: float) -> dict:
-    """Runs ``PARITY_TESTS`` in a pytest subprocess (no xdist, none of the project's addopts)
-    within ``timeout_s``; their ``parity_summary``, or why they did not run."""
+def run_parity(timeout_s: float) -> dict:
+    """Runs ``PARITY_TESTS`` in a pytest subprocess (verbose; no xdist, none of the project's
+    addopts), interrupted after ``timeout_s``; their ``parity_summary`` (``timed_out``: of the
+    tests that finished), or why they did not run."""
     if importlib.util.find_spec("pytest") is None:
         return {"not_run": "pytest is not installed on this machine"}
     if timeout_s < 30:
         return {"not_run": f"{max(timeout_s, 0):.0f} s of the budget left"}
     deselected = deselected_parity_tests()
-    command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
-               f"--junitxml={junit}", *PARITY_TESTS,
-               *(f"--deselect={test}" for test in deselected)]
+    command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider",
+               *PARITY_TESTS, *(f"--deselect={test}" for test in deselected)]
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired as expired:
-        tail = (expired.stdout or b"")[-2000:]
-        return {"not_run": f"timed out after {timeout_s:.0f} s",
-                "output_tail": tail.decode() if isinstance(tail, bytes) else tail}
-    result = {"files": list(PARITY_TESTS), "deselected": deselected,
-              "returncode": proc.returncode,
-              "wall_s": time.perf_counter() - start,
-              "output_tail": (proc.stdout + proc.stderr)[-3000:]}
-    if not junit.exists():
-        return {**result, "not_run": f"pytest wrote no report (exit status {proc.returncode})"}
-    return {**result, **parity_summary(junit.read_text())}
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        try:
+            output, timed_out = proc.communicate(timeout=timeout_s)[0], False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, timed_out = proc.communicate()[0], True
+    return {"files": list(PARITY_TESTS), "deselected": deselected,
+            "returncode": proc.returncode, "timed_out": timed_out,
+            "wall_s": time.perf_counter() - start, "output_tail": output[-3000:],
+            **parity_summary(output)}
 
 
 def _best(records: list[dict], keep: Callable[[dict], bool]) -> dict | None:
@@ -239,15 +242,21 @@ def main(argv=None) -> dict:
     parser.add_argument("--smoke", action="store_true", help="every case tiny (CPU, seconds)")
     parser.add_argument("--budget-s", type=float, default=440.0,
                         help="seconds for the whole check, parity tests included")
-    parser.add_argument("--parity-reserve-s", type=float, default=120.0,
-                        help="seconds of the budget kept for the parity tests")
+    parser.add_argument("--parity", choices=("first", "last", "skip"), default="first",
+                        help="when the parity tests run (first: before any case, so that a "
+                        "case cut short by the command's time limit does not take them along)")
+    parser.add_argument("--parity-s", type=float, default=150.0,
+                        help="seconds the parity tests may take (kept for them when last)")
     parser.add_argument("--min-case-s", type=float, default=45.0,
                         help="a case starts only while this much is left for it")
-    parser.add_argument("--skip-parity", action="store_true", help="no parity tests")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated models of the grid to keep ('': parity only)")
     options = parser.parse_args(argv)
-    budget = Budget(options.budget_s, 0.0 if options.skip_parity else options.parity_reserve_s,
+    budget = Budget(options.budget_s, options.parity_s if options.parity == "last" else 0.0,
                     options.min_case_s)
     grid = cases.gpu_check_grid(options.smoke)
+    if options.models is not None:
+        grid = run.narrow(grid, options.models.split(","), None, None, skip_curves=True)
     out = Path(options.out)
     results = {"command": [sys.argv[0], *(sys.argv[1:] if argv is None else argv)],
                "grid": grid.name, "complete": False, "environment": run.environment(),
@@ -255,8 +264,11 @@ def main(argv=None) -> dict:
                "load_average": {"start": os.getloadavg()},
                "flops_formula": report.FLOPS_FORMULA,
                "options": {k: v for k, v in vars(options).items() if k != "out"},
-               "matmul_peak": {"start": measure_peaks(grid, budget)},
-               "cases": [], "skipped": [], "epoch_curves": []}
+               "matmul_peak": {"start": {}}, "cases": [], "skipped": [], "epoch_curves": [],
+               "parity_tests": {"not_run": f"--parity {options.parity}"}}
+    if options.parity == "first":  # before this process takes any device memory
+        results["parity_tests"] = run_parity(min(options.parity_s, budget.left()))
+    results["matmul_peak"]["start"] = measure_peaks(grid, budget)
     if torch_speed.default_device() == "cuda":
         results["torch_device_name"] = torch_speed.torch.cuda.get_device_name()
     run.save(results, out, budget.started, _derive)
@@ -271,8 +283,8 @@ def main(argv=None) -> dict:
         results["cases"].append(measure_case(models, case))
         run.save(results, out, budget.started, _derive)
     models.release()
-    results["parity_tests"] = ({"not_run": "--skip-parity"} if options.skip_parity
-                               else run_parity(out.with_suffix(".parity.xml"), budget.left()))
+    if options.parity == "last":
+        results["parity_tests"] = run_parity(budget.left())
     results["load_average"]["end"] = os.getloadavg()
     results["complete"] = True
     run.save(results, out, budget.started, _derive)

@@ -62,7 +62,8 @@ def test_smoke_grid_shrinks_every_case():
 
 def test_a_spent_budget_skips_every_case_with_a_note(tmp_path):
     out = tmp_path / "check.json"
-    results = gpu_check.main(["--smoke", "--budget-s", "0", "--out", str(out)])
+    results = gpu_check.main(["--smoke", "--budget-s", "0", "--parity", "last",
+                              "--out", str(out)])
     assert json.loads(out.read_text())["skipped"] == results["skipped"]
     assert results["cases"] == [] and results["matmul_peak"]["start"] == {}
     assert len(results["skipped"]) == len(cases.gpu_check_grid(smoke=True).cases)
@@ -71,21 +72,22 @@ def test_a_spent_budget_skips_every_case_with_a_note(tmp_path):
     assert [g["met"] for g in results["goals"]] == [None] * len(GOALS)
 
 
-def test_parity_summary_reads_junit():
-    junit = """<testsuites><testsuite name="pytest" tests="4">
-      <testcase classname="tests.test_a" name="test_ok"/>
-      <testcase classname="tests.test_a" name="test_bad"><failure message="x"/></testcase>
-      <testcase classname="tests.test_b" name="test_broken"><error message="y"/></testcase>
-      <testcase classname="tests.test_b" name="test_later"><skipped message="z"/></testcase>
-    </testsuite></testsuites>"""
-    assert gpu_check.parity_summary(junit) == {
+def test_parity_summary_reads_pytest_verbose_output():
+    output = """============ test session starts ============
+tests/test_a.py::test_ok PASSED                                  [ 20%]
+tests/test_a.py::test_bad[float32-2] FAILED                      [ 40%]
+tests/test_b.py::test_broken ERROR                               [ 60%]
+tests/test_b.py::test_later SKIPPED (no GPU)                     [ 80%]
+FAILED tests/test_a.py::test_bad[float32-2] - AssertionError
+"""
+    assert gpu_check.parity_summary(output) == {
         "passed": 1, "failed": 1, "errors": 1, "skipped": 1,
-        "failed_names": ["tests.test_a::test_bad", "tests.test_b::test_broken"]}
+        "failed_names": ["tests/test_a.py::test_bad[float32-2]", "tests/test_b.py::test_broken"]}
 
 
 def test_smoke_check_records_every_case(tmp_path):
     out = tmp_path / "check.json"
-    results = gpu_check.main(["--smoke", "--skip-parity", "--out", str(out)])
+    results = gpu_check.main(["--smoke", "--parity", "skip", "--out", str(out)])
     assert json.loads(out.read_text())["cases"] == results["cases"]
     grid = cases.gpu_check_grid(smoke=True)
     assert results["complete"] and results["skipped"] == []
@@ -120,7 +122,7 @@ def test_smoke_check_records_every_case(tmp_path):
                      if r["layout"] == "torch_padded")
     assert goals["train_x_torch_best"]["measured"] == pytest.approx(best_clean / best_torch)
     assert goals["parity_failures"]["met"] is None
-    assert results["parity_tests"] == {"not_run": "--skip-parity"}
+    assert results["parity_tests"] == {"not_run": "--parity skip"}
     assert "Goals (issue #42" in results["markdown"]
     assert "| smoke_large bfloat16 | packed_tokens | 1 | train |" in results["markdown"]
 
@@ -130,3 +132,10 @@ def test_minilm_weights_missing_deselects_their_parity_test(monkeypatch, tmp_pat
     assert set(gpu_check.deselected_parity_tests()) == set(gpu_check.NEEDS_MINILM_WEIGHTS)
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert gpu_check.deselected_parity_tests() == {}
+
+
+def test_models_narrow_the_grid(tmp_path):
+    # An empty list keeps no case (the parity tests alone, here skipped too).
+    results = gpu_check.main(["--smoke", "--models", "", "--parity", "skip",
+                              "--out", str(tmp_path / "check.json")])
+    assert results["cases"] == [] and results["skipped"] == [] and results["complete"]
