@@ -128,6 +128,8 @@ def target_rows(targets: list[dict]) -> list[list]:
             return "-"
         if key.startswith(("train_x", "eval_x")):
             return f"{x:.2f}x"
+        if key.endswith("_mfu_best"):
+            return f"{100 * x:.0f}%"
         return f"{_num(x)} s" if key == "b8_train_s_per_pair" else f"{x:.2f}"
 
     rows = []

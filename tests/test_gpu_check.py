@@ -124,6 +124,8 @@ def test_smoke_check_records_every_case(tmp_path):
     assert goals["parity_failures"]["met"] is None
     assert results["parity_tests"] == {"not_run": "--parity skip"}
     assert "Goals (issue #42" in results["markdown"]
+    assert "| MFU of that clean train step |" in results["markdown"]
+    assert "| >= 40% |" in results["markdown"]
     assert "| smoke_large bfloat16 | packed_tokens | 1 | train |" in results["markdown"]
 
 
