@@ -11,8 +11,9 @@ Models (``model_config(name)``):
 - ``base`` / ``large`` / ``smoke_large``: ``configs/minilm.py``'s settings around a randomly
   initialised BERT-base / RoBERTa-large / 2-layer width-64 RoBERTa encoder (the last two in
   bfloat16); ``large_l2`` etc.: the same with 2 layers.
-- ``large_exact``: ``configs/roberta.py`` as it is (exact mode) around the ``large`` encoder in
-  bfloat16 (no weights file needed: the GPU grid's paper case).
+- ``large_exact`` / ``smoke_large_exact``: ``configs/roberta.py`` as it is (exact mode) around
+  the ``large`` / ``smoke_large`` encoder in bfloat16 (no weights file needed: the GPU check's
+  paper case, which sets float32 as the config has it).
 - ``roberta``, ``bert``, ``deberta``: the paper configs as they are, the encoder a local
   directory of the real shape with random weights (``benchmarks.paper_encoders``) and the
   tokenizer a stand-in (``stand_in_tokenizer``); ``roberta_l2`` etc.: the same with 2 layers.
@@ -55,7 +56,9 @@ RANDOM_ENCODER_MODELS: dict[str, tuple[dict, str | None]] = {
 PAPER_CONFIGS = {"roberta": roberta, "bert": bert, "deberta": deberta}
 _PAPER_NAME = re.compile(r"^(%s)(?:_l(\d+))?$" % "|".join(PAPER_CONFIGS))
 _RANDOM_NAME = re.compile(r"^(%s)_l(\d+)$" % "|".join(RANDOM_ENCODER_MODELS))
-MODEL_NAMES: tuple[str, ...] = ("tiny", "minilm", *RANDOM_ENCODER_MODELS, "large_exact",
+# configs/roberta.py as it is (exact mode) around these random encoders, in bfloat16.
+EXACT_MODELS = {"large_exact": LARGE_ENCODER, "smoke_large_exact": SMOKE_LARGE_ENCODER}
+MODEL_NAMES: tuple[str, ...] = ("tiny", "minilm", *RANDOM_ENCODER_MODELS, *EXACT_MODELS,
                                 *paper_encoders.PAPER_ENCODERS)
 
 
@@ -125,11 +128,11 @@ def model_config(name: str, *, dtype: str | None = None,
         config = _random_encoder(encoder)
         if model_dtype:
             config.model.dtype = model_dtype
-    elif name == "large_exact":
+    elif name in EXACT_MODELS:
         config = roberta.get_config()
         config.model.encoder = ""
         config.model.tokenizer = minilm.model_dir() if has_minilm() else "word_level:roberta"
-        config.model.random_encoder = ml_collections.ConfigDict(LARGE_ENCODER)
+        config.model.random_encoder = ml_collections.ConfigDict(EXACT_MODELS[name])
         config.model.dtype = "bfloat16"
     elif (paper := paper_config(name)) is not None:
         config = paper
@@ -265,9 +268,9 @@ CPU_GRID = Grid(
     ),
     skipped=(
         Skipped("minilm", "packed_tokens", 32, ("eval", "train"),
-                "CPU: ~20 s a train step at 8 pairs; the device grid covers larger batches"),
+                "CPU: ~20 s a train step at 8 pairs; the GPU check covers larger batches"),
         Skipped("base", "packed_tokens", 8, ("eval", "train"),
-                "CPU: several seconds per pair per train step; left to the device grid"),
+                "CPU: several seconds per pair per train step; left to the GPU check"),
         Skipped("base", _REF, 1, ("train",),
                 "CPU: 266 rows a step, ~40 s a train step and ~13 GB; eval only"),
         *(Skipped("base", layout, 1, ("train",), "CPU: eval only, as base reference_dense")
@@ -277,25 +280,56 @@ CPU_GRID = Grid(
             Curve("minilm", 1, layout="packed_tokens", reps=(1,), split="dev_train")),
     peak_size=2048, peak_dtypes=("float32",))
 
-# The GPU grid (benchmarks/device.sh): RoBERTa-large-sized, bfloat16, larger batches. Without
-# remat a RoBERTa-large train step keeps about 0.15 MB per token and layer in float32 and 0.63
-# times that in bfloat16 (benchmarks/results/real_size_cpu.json), ~2.3 MB per token over 24
-# layers: batch 32 (~20-45k encoder tokens) fits a 141 GB H200 without remat, batch 64 needs
-# it, and batch 32 runs both ways. large_exact is the paper's command (configs/roberta.py,
-# exact mode): ~41 GiB at batch 8 and ~120 GiB at 32 estimated in bfloat16.
-DEVICE_GRID = Grid(
-    "device",
+# The GPU check (benchmarks/gpu_check.py), sized for one device lease: every case of one model
+# shares one process and one init, so a model's cases are adjacent, in the order they run. The
+# eager PyTorch reference first (fp32 with TF32 at batch 1 as the authors ran it; bf16 autocast
+# at the clean cases' first batch), then the paper config (configs/roberta.py as it is: exact
+# mode, float32, its batch of 1, on the epoch's largest batch), then the clean bf16
+# packed_tokens step at growing batches (the largest last: memory; ~2.3 MB per token in bf16,
+# benchmarks/README.md, "The paper configs at their real size").
+GPU_CHECK_GRID = Grid(
+    "gpu_check",
     cases=(
-        Case("large", _REF, 1, iters=5),
-        Case("large", "packed_tokens", 8, iters=5),
-        Case("large", "packed_tokens", 32, iters=5),
-        Case("large", "packed_tokens", 32, modes=("train",), iters=5, remat=True),
-        Case("large", "packed_tokens", 64, iters=5, remat=True),
-        Case("large_exact", "config", 8, iters=3, batch="largest"),
-        Case("large_exact", "config", 32, modes=("train",), iters=3, batch="largest"),
+        Case("large", "torch_padded", 1, iters=5, dtype="float32"),
+        Case("large", "torch_padded", 8, iters=5, dtype="bfloat16"),
+        Case("large_exact", "config", 1, iters=5, dtype="float32", batch="largest"),
+        *(Case("large", "packed_tokens", b, iters=5) for b in (8, 16, 32)),
     ),
-    skipped=(), curves=(Curve("large", 32),), peak_size=8192,
-    peak_dtypes=("bfloat16", "float32"))
+    skipped=(), curves=(), peak_size=8192, peak_dtypes=("bfloat16", "float32"))
+
+# Issue #42's goals for the GPU check (same run): (key, what, kind, bound), as ``TARGETS``.
+GPU_GOALS: tuple[tuple[str, str, str, float], ...] = (
+    ("paper_train_compile_s", "paper config train step compile s", "max", 60.0),
+    ("train_x_torch_best", "best clean train pairs/s over torch's best", "min", 3.0),
+    ("train_mfu_best", "MFU of that clean train step", "min", 0.40),
+    ("parity_failures", "parity tests failed or in error on the device", "max", 0.0),
+)
+
+
+def smoke_case(case: Case) -> Case:
+    """``case`` shrunk to seconds on a CPU: the 2-layer width-64 model of the same kind
+    (``smoke_`` + model), batch 1 up to 8 pairs and 2 above, one timed step, 4 pairs."""
+    return dataclasses.replace(case, model="smoke_" + case.model,
+                               batch_size=1 if case.batch_size <= 8 else 2, iters=1,
+                               max_pairs=4)
+
+
+def gpu_check_grid(smoke: bool = False) -> Grid:
+    """The GPU check's grid; ``smoke``: every case ``smoke_case``'d, a trip-jax model's later
+    cases eval only (compiling a train step takes most of a smoke run; the eval step still
+    reads the state the earlier train steps left), duplicates dropped."""
+    if not smoke:
+        return GPU_CHECK_GRID
+    shrunk, seen = [], set()
+    for case in map(smoke_case, GPU_CHECK_GRID.cases):
+        model = (case.model, case.layout)
+        if case.layout not in TORCH_LAYOUTS and model in seen:
+            case = dataclasses.replace(case, modes=("eval",))
+        seen.add(model)
+        shrunk.append(case)
+    shrunk = tuple(dict.fromkeys(shrunk))
+    return dataclasses.replace(GPU_CHECK_GRID, name="gpu_check_smoke", cases=shrunk,
+                               peak_size=256)
 
 
 def paper_grid(encoders: tuple[str, ...] = ("roberta", "bert", "deberta"),
@@ -314,23 +348,19 @@ def paper_grid(encoders: tuple[str, ...] = ("roberta", "bert", "deberta"),
     return Grid("paper", cases, (), (), peak_size=2048, peak_dtypes=("float32",))
 
 
-def smoke_grid(device: bool) -> Grid:
+def smoke_grid() -> Grid:
     """A seconds-size grid over the same code paths (tests, and a check before a long run)."""
-    model = "smoke_large" if device else "tiny"
-    cases = (Case(model, "packed_tokens", 2, iters=1, max_pairs=4),
-             Case(model, _REF, 1, modes=("eval",), iters=1, max_pairs=4))
-    if not device:  # the eager PyTorch reference runs on CPU
-        cases += tuple(Case(model, layout, 1, iters=1, max_pairs=4) for layout in TORCH_LAYOUTS)
-    curves = (Curve(model, 2, layout="packed_tokens", reps=(1, 2), max_pairs=4),)
-    return Grid("device_smoke" if device else "smoke", cases, (), curves, peak_size=256,
-                peak_dtypes=("bfloat16", "float32") if device else ("float32",))
+    cases = (Case("tiny", "packed_tokens", 2, iters=1, max_pairs=4),
+             Case("tiny", _REF, 1, modes=("eval",), iters=1, max_pairs=4),
+             *(Case("tiny", layout, 1, iters=1, max_pairs=4) for layout in TORCH_LAYOUTS))
+    curves = (Curve("tiny", 2, layout="packed_tokens", reps=(1, 2), max_pairs=4),)
+    return Grid("smoke", cases, (), curves, peak_size=256, peak_dtypes=("float32",))
 
 
-def select_grid(*, device: bool, smoke: bool, paper: bool = False) -> Grid:
-    """The grid of a run (``benchmarks.run --device / --smoke / --paper``)."""
+def select_grid(*, smoke: bool, paper: bool = False) -> Grid:
+    """The grid of a ``benchmarks.run`` run (``--smoke`` / ``--paper``; the GPU's is
+    ``gpu_check_grid``, run by ``benchmarks.gpu_check``)."""
     if paper:
         return (paper_grid(("roberta",), (1, 2), ("float32",), timed="_l2") if smoke
                 else paper_grid())
-    if smoke:
-        return smoke_grid(device)
-    return DEVICE_GRID if device else CPU_GRID
+    return smoke_grid() if smoke else CPU_GRID

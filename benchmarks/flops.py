@@ -122,6 +122,14 @@ def measure_matmul_peak(size: int, dtype: str = "float32", min_seconds: float = 
             "peak_flops_per_s": max(rates), "median_flops_per_s": statistics.median(rates)}
 
 
+def measure_on_device(size: int, dtype: str) -> dict:
+    """``measure_matmul_peak`` on this process's default device, with the backend and the
+    devices it ran on."""
+    return {**measure_matmul_peak(size, dtype), "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+            "device_kind": jax.devices()[0].device_kind}
+
+
 def main(argv=None) -> None:
     """Measures the matmul peak on this process's default device; writes JSON to ``--out``."""
     parser = argparse.ArgumentParser(description="matmul peak FLOP/s")
@@ -129,11 +137,8 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    result = measure_matmul_peak(args.size, args.dtype)
-    result.update(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
-                  device_kind=jax.devices()[0].device_kind)
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(measure_on_device(args.size, args.dtype), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,8 @@ def target_rows(targets: list[dict]) -> list[list]:
             return "-"
         if key.startswith(("train_x", "eval_x")):
             return f"{x:.2f}x"
+        if key.endswith("_mfu_best"):
+            return f"{100 * x:.0f}%"
         return f"{_num(x)} s" if key == "b8_train_s_per_pair" else f"{x:.2f}"
 
     rows = []
@@ -137,6 +139,8 @@ def target_rows(targets: list[dict]) -> list[list]:
             status = "not timed"
         elif t["met"]:
             status = "met"
+        elif t["missed_by"] is None:
+            status = "missed"
         else:
             status = f"missed by {100 * t['missed_by']:.0f}%"
         rows.append([t["model"], t["layout"], t["what"], value(t["measured"], t["target"]),
@@ -185,6 +189,29 @@ def _paper_lines(results: dict) -> list[str]:
         lines += ["", f"Device memory of the train step, estimated: {GPU_MEMORY_FORMULA}; "
                   "check: the formula at full depth over the full-size plan (batch 1).", ""]
         lines += _table(GPU_MEMORY_HEADER, gpu_memory_rows(results["gpu_memory"]))
+    return lines
+
+
+def _gpu_check_lines(results: dict) -> list[str]:
+    """The goals and the parity tests of a ``benchmarks.gpu_check`` run (none otherwise)."""
+    lines = []
+    if results.get("goals"):
+        lines += ["", "Goals (issue #42; this device, same run; torch = the eager PyTorch "
+                  "reference's best train pairs/s):", ""]
+        lines += _table(["model", "layout", "goal", "measured", "required", "status"],
+                        target_rows(results["goals"]))
+    parity = results.get("parity_tests")
+    if parity:
+        if "not_run" in parity:
+            lines += ["", f"Parity tests: not run ({parity['not_run']})."]
+        else:
+            lines += ["", f"Parity tests ({' '.join(parity['files'])}): {parity['passed']} "
+                      f"passed, {parity['failed']} failed, {parity['errors']} errors, "
+                      f"{parity['skipped']} skipped in {parity['wall_s']:.0f} s"
+                      + (f"; failed: {', '.join(parity['failed_names'])}"
+                         if parity["failed_names"] else "")
+                      + (f"; not run: {', '.join(parity['deselected'])}"
+                         if parity.get("deselected") else "") + "."]
     return lines
 
 
@@ -266,6 +293,7 @@ def markdown(results: dict) -> str:
                          f"{'+' if f['fixed_s'] >= 0 else '-'} {abs(f['fixed_s']):.1f} s")
             lines.append(line + ".")
     lines += _paper_lines(results)
+    lines += _gpu_check_lines(results)
     if results.get("skipped"):
         lines += ["", "Not run in this grid:", ""]
         lines += [f"- {s['model']} {s['layout']} B={s['batch_size']} "

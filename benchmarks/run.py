@@ -1,9 +1,9 @@
 """Train/eval throughput, MFU, memory, compile time and epoch time of the tiered model: one command.
 
     python -m benchmarks.run --out benchmarks/results/cpu.json          # the CPU grid
-    python -m benchmarks.run --device --out benchmarks/results/device.json   # GPU (device.sh)
     python -m benchmarks.run --smoke --out /tmp/smoke.json              # seconds-size check
-    python -m benchmarks.run --device --smoke --out /tmp/device_smoke.json   # GPU path, on CPU
+
+The GPU's check, one process for every case of a model, is ``benchmarks.gpu_check``.
 
 The grids, layouts, models and targets are the tables of ``benchmarks.cases``. Every case
 (model × layout × batch size) runs in its own process (``benchmarks.train_speed``
@@ -82,7 +82,8 @@ def _run_module(module: str, args: list[str], timeout: int, env: dict) -> dict:
     return result
 
 
-def _environment() -> dict:
+def environment() -> dict:
+    """The versions, the machine and the XLA/JAX/allocator settings of this process."""
     import flax
     import jax
     import jaxlib
@@ -118,13 +119,16 @@ def plan_env(env: dict) -> dict:
     return {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {PLAN_XLA_FLAG}".strip()}
 
 
-def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
+def case_spec(case: Case, options: argparse.Namespace | None = None) -> dict:
+    """The JSON case of ``case`` for its worker's ``run_case``; ``options``: this command's
+    --dtype, --remat and --prng-impl, which the case's own dtype and remat override (the torch
+    layouts take only the case's dtype: no remat, the config's rows and PRNG)."""
     spec = {"model": case.model, "layout": case.layout, "batch_size": case.batch_size,
             "modes": list(case.modes), "iters": case.iters, "max_pairs": case.max_pairs}
-    if case.layout in TORCH_LAYOUTS:  # float32, no remat, the config's rows and PRNG
-        return ["--case", json.dumps(spec)]
+    if case.layout in TORCH_LAYOUTS:
+        return spec | ({"dtype": case.dtype} if case.dtype else {})
     for key in ("dtype", "remat", "prng_impl"):
-        if getattr(options, key) is not None:
+        if getattr(options, key, None) is not None:
             spec[key] = getattr(options, key)
     if case.remat is not None:
         spec["remat"] = case.remat
@@ -134,7 +138,11 @@ def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
         spec["batch"] = case.batch
     if case.plan_batch_sizes:
         spec["plan_batch_sizes"] = list(case.plan_batch_sizes)
-    return ["--case", json.dumps(spec)]
+    return spec
+
+
+def _case_args(case: Case, options: argparse.Namespace) -> list[str]:
+    return ["--case", json.dumps(case_spec(case, options))]
 
 
 def _curve_args(curve: Curve, options: argparse.Namespace) -> list[str]:
@@ -258,18 +266,24 @@ def targets(cases: list[dict], torch: list[dict]) -> list[dict]:
         for key, what, kind, bound in TARGETS:
             measured, measured_bound = measures[key]
             bound = measured_bound if bound is None else bound
-            entry = {"model": TARGETS_MODEL, "layout": layout, "target": key, "what": what,
-                     "kind": kind, "bound": bound, "measured": measured}
-            if measured is None or bound is None:
-                entry["met"] = None  # not timed in this run
-            elif kind == "min":
-                entry["met"] = measured >= bound
-                entry["missed_by"] = max(0.0, 1 - measured / bound)
-            else:
-                entry["met"] = measured <= bound if kind == "max" else measured < bound
-                entry["missed_by"] = 0.0 if entry["met"] else measured / bound - 1
-            result.append(entry)
+            result.append(judge({"model": TARGETS_MODEL, "layout": layout, "target": key,
+                                 "what": what, "kind": kind, "bound": bound,
+                                 "measured": measured}))
     return result
+
+
+def judge(entry: dict) -> dict:
+    """``entry`` (kind, bound, measured) with ``met`` (None: not measured) and, when measured,
+    ``missed_by``: how far short of the bound, a fraction of it (0 when met; None when a
+    bound of 0 is missed)."""
+    measured, bound, kind = entry["measured"], entry["bound"], entry["kind"]
+    if measured is None or bound is None:
+        return {**entry, "met": None}  # not timed in this run
+    if kind == "min":
+        return {**entry, "met": measured >= bound, "missed_by": max(0.0, 1 - measured / bound)}
+    met = measured <= bound if kind == "max" else measured < bound
+    missed = measured / bound - 1 if bound else None
+    return {**entry, "met": met, "missed_by": 0.0 if met else missed}
 
 
 def best_peaks(start: dict, end: dict) -> dict:
@@ -283,9 +297,10 @@ def best_peaks(start: dict, end: dict) -> dict:
     return best
 
 
-def save(results: dict, out: Path, started: float) -> None:
+def save(results: dict, out: Path, started: float, derive=None) -> None:
     """Derives MFU, ratios and the summary from what has run so far and writes the JSON
-    (after every case, so that a run cut short keeps its finished cases)."""
+    (after every case, so that a run cut short keeps its finished cases); ``derive(results)``,
+    when given, adds more fields after MFU and the ratios, before the summary."""
     peaks = results["matmul_peak"]
     peaks["best_flops_per_s"] = best_peaks(peaks["start"], peaks.get("end", {}))
     add_mfu(results["cases"], peaks["best_flops_per_s"])
@@ -294,6 +309,8 @@ def save(results: dict, out: Path, started: float) -> None:
     results["targets"] = targets(results["cases"], results["torch_ratios"])
     results["gpu_memory"] = gpu_memory.estimates(results["cases"],
                                                  results.get("residual_ratios"))
+    if derive is not None:
+        derive(results)
     results["total_s"] = time.perf_counter() - started
     results["markdown"] = report.markdown(results)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -306,7 +323,6 @@ def main(argv=None) -> dict:
     """Runs the grid and writes the results JSON (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/cpu.json")
-    parser.add_argument("--device", action="store_true", help="the GPU grid")
     parser.add_argument("--smoke", action="store_true", help="a seconds-size grid")
     parser.add_argument("--paper", action="store_true",
                         help="the paper configs at their real size (real_size_cpu.json)")
@@ -326,7 +342,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
     options = parser.parse_args(argv)
 
-    grid = narrow(select_grid(device=options.device, smoke=options.smoke, paper=options.paper),
+    grid = narrow(select_grid(smoke=options.smoke, paper=options.paper),
                   options.models.split(",") if options.models else None,
                   [int(b) for b in options.batch_sizes.split(",")] if options.batch_sizes
                   else None, options.layouts.split(",") if options.layouts else None,
@@ -339,7 +355,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     out = Path(options.out)
     results = {"command": [sys.argv[0], *(sys.argv[1:] if argv is None else argv)],
-               "grid": grid.name, "complete": False, "environment": _environment(),
+               "grid": grid.name, "complete": False, "environment": environment(),
                "load_average": {"start": os.getloadavg()},
                "flops_formula": report.FLOPS_FORMULA,
                "options": {k: v for k, v in vars(options).items() if k != "out"},

@@ -26,6 +26,11 @@ spin at every barrier, and on a shared CPU one descheduled thread stalls the res
 (benchmarks/README.md has the measured cost). The record says which policy ran
 (``omp_wait_policy``).
 
+Device and precision: the GPU where torch sees one (``device`` in the case), else the CPU;
+``dtype`` float32 (on a GPU with TF32 matmuls allowed, as the authors ran) or bfloat16
+autocast around the forward pass. ``build`` and ``measure`` are the two halves of
+``run_case``: ``benchmarks.gpu_check`` builds the model once and measures several cases on it.
+
     python -m benchmarks.torch_speed --case '{"model": "tiny", "layout": "torch_rows",
         "batch_size": 1, "iters": 1}' --out /tmp/torch_case.json
 """
@@ -76,35 +81,87 @@ def rows_batch(data: harness.ModelData, indices: list[int]) -> tuple[dict, np.nd
     return batch, harness.real_lengths(pairs)
 
 
-def run_case(case: dict) -> dict:
-    """Runs one case (keys: model, layout, batch_size, iters, warmup, modes, data_dir,
-    max_pairs); returns its record."""
-    layout, batch_size = case["layout"], int(case["batch_size"])
-    if layout not in cases.TORCH_LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {cases.TORCH_LAYOUTS}")
+# The compute dtypes a case may ask for: float32 (on a GPU with TF32 matmuls allowed, as the
+# authors' PyTorch ran), or bfloat16 autocast around the forward pass.
+DTYPES = ("float32", "bfloat16")
+
+
+def default_device() -> str:
+    """"cuda" where torch sees a GPU, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build(case: dict, device: str = "cpu") -> tuple[harness.ModelData, ref.ReferenceModel,
+                                                     float]:
+    """The pairs and the reference model of ``case["model"]`` on ``device`` (random init,
+    seed 0), and the setup seconds: one init, which every case of the same model may share
+    (``measure``)."""
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
     start = time.perf_counter()
     data = harness.ModelData.load(case["model"], data_dir=case.get("data_dir", ""),
                                   max_pairs=case.get("max_pairs", 0))
-    hf_config, tiered = data.encoder_config(), data.tiered
-    model = ref.ReferenceModel(hf_config, ref.ReferenceConfig.from_tiered(tiered))
-    setup_s = time.perf_counter() - start
+    model = ref.ReferenceModel(data.encoder_config(), ref.ReferenceConfig.from_tiered(
+        data.tiered)).to(device)
+    return data, model, time.perf_counter() - start
 
+
+def _autocast(forward, device: str, dtype: str):
+    """``forward`` under bfloat16 autocast with float32 outputs (the losses run in float32,
+    as autocast runs them), or ``forward`` itself for float32."""
+    if dtype == "float32":
+        return forward
+
+    def cast(x):
+        return [z.float() for z in x] if isinstance(x, list) else x.float()
+
+    def autocast_forward():
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            outputs = forward()
+        return {k: cast(v) for k, v in outputs.items()}
+
+    return autocast_forward
+
+
+def _synchronized(step, device: str):
+    """``step`` that returns only once the device has finished its work."""
+    if device != "cuda":
+        return step
+    return lambda: (step(), torch.cuda.synchronize())
+
+
+def measure(data: harness.ModelData, model: ref.ReferenceModel, case: dict, setup_s: float,
+            device: str = "cpu") -> dict:
+    """Times ``case`` (``run_case`` has the keys) on ``model`` (built by ``build`` for the same
+    model) on ``device``; returns its record. On a GPU, float32 allows TF32 matmuls and the
+    device peak is this case's (the peak statistics are reset first)."""
+    layout, batch_size = case["layout"], int(case["batch_size"])
+    dtype = case.get("dtype") or "float32"
+    if layout not in cases.TORCH_LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {cases.TORCH_LAYOUTS}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.cuda.reset_peak_memory_stats()
+    hf_config, tiered = data.encoder_config(), data.tiered
     indices = harness.representative_indices(data.encoded, batch_size)
     start = time.perf_counter()
     if layout == "torch_padded":
         local, real_lengths = padded_batch(data, indices)
         inputs = ref.padded_inputs(local, pad_id=data.encoded[0].pad_id,
                                    seq_len=REFERENCE_ROW_LENGTH)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
         forward = lambda: model.forward_padded(**inputs)  # noqa: E731
         info = harness.batch_info(local, real_lengths)
     else:
         local, real_lengths = rows_batch(data, indices)
-        inputs = ref.row_inputs(local)
+        inputs = {k: v.to(device) if torch.is_tensor(v) else v
+                  for k, v in ref.row_inputs(local).items()}
         forward = lambda: model.forward_rows(**inputs)  # noqa: E731
         info = _rows_info(harness.batch_info(local, real_lengths), tiered)
-    labels = ref.label_tensors(local)
+    forward = _autocast(forward, device, dtype)
+    labels = {k: v.to(device) for k, v in ref.label_tensors(local).items()}
     host_batch_s = time.perf_counter() - start
     step_flops = flops.step_flops(hf_config, tiered, local, real_lengths)
 
@@ -128,8 +185,10 @@ def run_case(case: dict) -> dict:
     record = {"case": case, "model": data.name, "layout": layout, "batch_size": batch_size,
               "framework": "torch", "pairs_per_step": "batched",
               "torch": torch.__version__, "transformers": transformers.__version__,
+              "device": device, "tf32": device == "cuda" and dtype == "float32",
+              "autocast": dtype != "float32",
               "threads": torch.get_num_threads(),
-              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "dtype": "float32",
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "dtype": dtype,
               "remat": False,
               "tokenizer": data.tokenizer_name(),
               "encoder": {k: getattr(hf_config, k) for k in (
@@ -142,11 +201,23 @@ def run_case(case: dict) -> dict:
         steps = {"eval": eval_step, "train": train_step}
         if mode not in steps:
             raise ValueError(f"unknown mode {mode!r}; expected one of {harness.MODES}")
-        timing = harness.time_calls(steps[mode], iters, warmup)
+        timing = harness.time_calls(_synchronized(steps[mode], device), iters, warmup)
         timing = {"first_run_s": timing["first_run_s"], "warmup_steps": warmup, **timing}
         record[mode] = harness.rates(timing, info, step_flops[mode])
         record["memory"][f"rss_peak_after_{mode}_mib"] = harness.peak_rss_mib()
+        if device == "cuda":
+            record["memory"][f"device_peak_after_{mode}_bytes"] = (
+                torch.cuda.max_memory_allocated())
     return record
+
+
+def run_case(case: dict) -> dict:
+    """Runs one case (keys: model, layout, batch_size, iters, warmup, modes, data_dir,
+    max_pairs, dtype: "float32" (default) or "bfloat16" autocast; device: default
+    ``default_device()``); returns its record."""
+    device = case.get("device") or default_device()
+    data, model, setup_s = build(case, device)
+    return measure(data, model, case, setup_s, device)
 
 
 def _rows_info(info: dict, tiered: TieredConfig) -> dict:

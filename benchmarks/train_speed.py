@@ -8,7 +8,8 @@ compile ahead of time (compile time, XLA's FLOP count and memory plan), one firs
 train because the train step donates (consumes) the state.
 
 Layouts: ``cases.LAYOUTS`` (the config overrides and the batch of each). The eager PyTorch
-reference's cases are ``benchmarks.torch_speed``.
+reference's cases are ``benchmarks.torch_speed``. ``build`` and ``measure`` are the two halves
+of ``run_case``: ``benchmarks.gpu_check`` builds a model once and measures several cases on it.
 
     python -m benchmarks.train_speed --case '{"model": "tiny", "layout": "packed_tokens",
         "batch_size": 2, "iters": 1}' --out /tmp/case.json
@@ -42,27 +43,33 @@ def memory_plan(h: harness.Harness, batch_size: int, modes: tuple[str, ...]) -> 
     return record
 
 
-def run_case(case: dict) -> dict:
-    """Runs one case (keys: model, layout, batch_size, iters, modes, data_dir, max_pairs,
-    dtype, remat, prng_impl; batch: "representative" pairs (default) or the
-    "largest" batch of an epoch; plan_batch_sizes / plan_modes: XLA memory plans of the
-    largest batch at those batch sizes, compiled only); returns its record."""
+def build(case: dict) -> tuple[harness.Harness, float]:
+    """The harness of ``case`` (its model, layout overrides, dtype, remat, PRNG, pairs;
+    ``run_case`` has the keys) and its setup seconds: one init, which every case of the same
+    model, layout, dtype and remat may share (``measure``)."""
     if case.get("prng_impl"):
         # Global, so it must be set before the harness creates the init and dropout keys.
         jax_setup.set_prng_impl(case["prng_impl"])
     layout, batch_size = case["layout"], int(case["batch_size"])
     if layout not in cases.LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {sorted(cases.LAYOUTS)}")
-    spec = cases.LAYOUTS[layout]
-    if spec.one_pair and batch_size != 1:
+    if cases.LAYOUTS[layout].one_pair and batch_size != 1:
         raise ValueError(f"layout {layout!r} holds one pair a batch (batch_size 1)")
     start = time.perf_counter()
     h = harness.Harness.build(case["model"], data_dir=case.get("data_dir", ""),
                               max_pairs=case.get("max_pairs", 0), dtype=case.get("dtype"),
-                              remat=case.get("remat"), overrides=spec.overrides)
+                              remat=case.get("remat"),
+                              overrides=cases.LAYOUTS[layout].overrides)
     jax.block_until_ready(h.state)
-    setup_s = time.perf_counter() - start
+    return h, time.perf_counter() - start
 
+
+def measure(h: harness.Harness, case: dict, setup_s: float) -> dict:
+    """Times ``case`` on ``h`` (built by ``build`` for a case of the same model and layout);
+    returns its record. The train steps consume ``h.state`` (donated): ``h.state`` is the state
+    after them, for the next case."""
+    layout, batch_size = case["layout"], int(case["batch_size"])
+    spec = cases.LAYOUTS[layout]
     start = time.perf_counter()
     if case.get("batch", "representative") == "largest":
         if spec.batch != "config":
@@ -98,24 +105,32 @@ def run_case(case: dict) -> dict:
     record["memory_plans"] = [memory_plan(h, int(b), tuple(case.get("plan_modes", ("train",))))
                               for b in case.get("plan_batch_sizes", ())]
     iters = int(case.get("iters", 2))
-    state = h.state
     for mode in case.get("modes", harness.MODES):
         if mode == "eval":
-            timing = harness.time_compiled(h.eval_step, lambda: h.eval_step(state.params, batch),
-                                           iters, (state.params, batch))
+            timing = harness.time_compiled(
+                h.eval_step, lambda: h.eval_step(h.state.params, batch), iters,
+                (h.state.params, batch))
         elif mode == "train":
             def train_call():
-                nonlocal state
-                state, metrics = h.train_step(state, batch)
+                h.state, metrics = h.train_step(h.state, batch)
                 return metrics
 
-            timing = harness.time_compiled(h.train_step, train_call, iters, (state, batch))
+            timing = harness.time_compiled(h.train_step, train_call, iters, (h.state, batch))
         else:
             raise ValueError(f"unknown mode {mode!r}; expected one of {harness.MODES}")
         record[mode] = harness.rates(timing, info, step_flops[mode])
         record["memory"][f"rss_peak_after_{mode}_mib"] = harness.peak_rss_mib()
         record["memory"][f"device_peak_after_{mode}_bytes"] = harness.device_peak_bytes()
     return record
+
+
+def run_case(case: dict) -> dict:
+    """Runs one case (keys: model, layout, batch_size, iters, modes, data_dir, max_pairs,
+    dtype, remat, prng_impl; batch: "representative" pairs (default) or the
+    "largest" batch of an epoch; plan_batch_sizes / plan_modes: XLA memory plans of the
+    largest batch at those batch sizes, compiled only); returns its record."""
+    h, setup_s = build(case)
+    return measure(h, case, setup_s)
 
 
 def main(argv=None) -> None:

@@ -1,9 +1,8 @@
 """The benchmark harness end to end at smoke size: the JSON it writes has every expected field.
 
 Runs ``python -m benchmarks.run --smoke`` (tiny model, 4 dev pairs, one step per timing; the
-trip-jax cases and the eager PyTorch reference's, and their ratios) and the GPU grid's code
-path (``--device --smoke``: RoBERTa-type encoder in bfloat16) on CPU, on the
-shared TRIP data. No timing is asserted: the CPU is shared. The session's persistent
+trip-jax cases and the eager PyTorch reference's, and their ratios) on CPU, on the shared TRIP
+data (the GPU check's smoke test: tests/test_gpu_check.py). No timing is asserted: the CPU is shared. The session's persistent
 compilation cache, shared by the processes, and XLA -O0 keep the run short.
 """
 
@@ -15,7 +14,6 @@ import os
 import pytest
 
 from benchmarks import cases, flops, harness, report, run, step_profile, train_speed
-from configs import base
 from trip_jax.models.tiered import TieredConfig
 
 TORCH_FIELDS = {"first_run_s", "step_s", "step_s_all", "pairs_per_s", "real_rows_per_s",
@@ -148,19 +146,6 @@ def test_cpu_smoke_results(tmp_path, compilation_cache_dir):
         results["markdown"])
 
 
-def test_device_grid_runs_on_cpu(tmp_path, compilation_cache_dir):
-    results = run_smoke(tmp_path, compilation_cache_dir, "--device", "--skip-curves")
-    assert results["grid"] == "device_smoke"
-    assert set(results["matmul_peak"]["best_flops_per_s"]) == {"bfloat16", "float32"}
-    by_layout = {c["layout"]: c for c in results["cases"]}
-    packed, reference = by_layout["packed_tokens"], by_layout["reference_dense"]
-    assert not set(by_layout) & set(cases.TORCH_LAYOUTS)  # the eager reference: CPU grids only
-    check_case(packed, "packed_tokens", ("eval", "train"))
-    check_case(reference, "reference_dense", ("eval",))
-    assert packed["dtype"] == "bfloat16" and packed["encoder"]["model_type"] == "roberta"
-    assert results["epoch_curves"] == []
-
-
 def _minilm_case(layout: str, batch_size: int, step_s: float, rss_mib: float) -> dict:
     """A results record with what the targets read (a train step per pair of ``step_s``)."""
     timed = {"step_s": step_s, "pairs_per_s": batch_size / step_s}
@@ -194,25 +179,6 @@ def test_targets_say_met_or_by_how_much_missed():
     # Without a batch 8 case those targets are "not timed", not met.
     targets = run.targets(records[:1] + records[2:], ratios)
     assert [r[-1] for r in report.target_rows(targets)][-2:] == ["not timed", "not timed"]
-
-
-def test_device_grid_is_roberta_large_bf16_at_large_batches():
-    grid = cases.select_grid(device=True, smoke=False)
-    packed = {(c.batch_size, bool(c.remat)) for c in grid.cases if c.layout == "packed_tokens"}
-    assert packed == {(8, False), (32, False), (32, True), (64, True)}
-    assert any(c.layout == "reference_dense" for c in grid.cases)
-    assert {c.model for c in grid.cases} == {"large", "large_exact"}
-    # The paper's command: configs/roberta.py as it is (exact mode) on its largest batches.
-    exact = {(c.batch_size, c.batch) for c in grid.cases if c.model == "large_exact"}
-    assert exact == {(8, "largest"), (32, "largest")}
-    exact_config = cases.model_config("large_exact")
-    assert base.reference_mode(exact_config) == "exact"
-    assert exact_config.model.dtype == "bfloat16"
-    assert exact_config.model.random_encoder == cases.model_config("large").model.random_encoder
-    config = cases.model_config("large")
-    assert config.model.dtype == "bfloat16"
-    assert config.model.random_encoder.hidden_size == 1024
-    assert config.model.random_encoder.num_hidden_layers == 24
 
 
 def test_layout_table_sets_config_keys_and_batch_sizes():

@@ -148,7 +148,7 @@ def test_bfloat16_keeps_fewer_residual_bytes_per_layer_token():
 
 
 def test_paper_grid_times_the_paper_configs_and_plans_their_reduced_depths():
-    grid = cases.select_grid(device=False, smoke=False, paper=True)
+    grid = cases.select_grid(smoke=False, paper=True)
     timed = [c for c in grid.cases if c.modes]
     assert [c.model for c in timed] == ["roberta", "bert", "deberta"]
     assert all(c.layout == "config" and c.batch == "largest" and c.batch_size == 1

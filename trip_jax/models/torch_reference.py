@@ -136,7 +136,8 @@ class ReferenceModel(nn.Module):
 
     def padding_row(self) -> torch.Tensor:
         """The embedding [H] of a padding cell's row: token ids 0, attention mask 0."""
-        zeros = torch.zeros((1, self.config.padding_row_length), dtype=torch.long)
+        zeros = torch.zeros((1, self.config.padding_row_length), dtype=torch.long,
+                            device=self.decoder.weight.device)
         return self.encode(zeros, zeros, zeros)[0]
 
     def forward_padded(self, input_ids, attention_mask, token_type_ids) -> dict:
@@ -156,7 +157,7 @@ class ReferenceModel(nn.Module):
         cells = int(np.prod(grid))
         h = self.padding_row().expand(cells, -1).clone()
         h[row_index.long()] = h_rows
-        cell_mask = torch.zeros(cells)
+        cell_mask = torch.zeros(cells, device=h.device)
         cell_mask[row_index.long()] = 1.0
         return self.forward_embeddings(h.reshape(*grid, -1), cell_mask.reshape(grid))
 
