@@ -48,10 +48,19 @@ EXACT = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=
                      projection_dropout=0.0, detector_input_dropout=0.0, detector_dropout=0.0,
                      conflict_dropout=0.0, detector_padding_mask=False, padding_rows="encoded")
 WEIGHTS = LossConfig(0.4, 0.4, 0.1, 0.1, mask_padding_in_losses=False)  # Table 2 "all"
+# The exact mode's matmul precision ("highest"), for the model; the encoder called alone and the
+# other JAX code here compute at it too (conftest), so parity holds on a GPU as on a CPU.
+PRECISION = base.REFERENCE_MODES["exact"]["model.matmul_precision"]
+pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
 
 
 def hf_config():
     return transformers.BertConfig(**HF_CONFIG)
+
+
+def exact_model(config: TieredConfig = EXACT):
+    """The tiered model of ``config`` around the tiny BERT, at the exact mode's precision."""
+    return build_tiered_model(hf_config(), config, matmul_precision=PRECISION)
 
 
 def story_pairs() -> list[StoryPair]:
@@ -95,7 +104,7 @@ def packed(encoded):
 
 @pytest.fixture(scope="module")
 def model():
-    return build_tiered_model(hf_config(), EXACT)
+    return exact_model()
 
 
 @pytest.fixture(scope="module")
@@ -142,21 +151,21 @@ def test_padding_row_vector_is_the_encoder_output_on_an_all_zero_masked_row(
     assert to_unmasked < 0.1 * np.abs(np.asarray(vector - uniform)).max()
     masked = dataclasses.replace(EXACT, padding_row_attention="masked")
     np.testing.assert_array_equal(
-        build_tiered_model(hf_config(), masked).apply({"params": params},
-                                                      method="padding_row_embedding"), uniform)
+        exact_model(masked).apply({"params": params}, method="padding_row_embedding"), uniform)
 
 
 def test_padding_cells_get_the_padding_row_vector(model, params, packed):
     out = jax.jit(model.apply)({"params": params}, packed)
-    clean = build_tiered_model(hf_config(), dataclasses.replace(EXACT, padding_rows="zero"))
+    clean = exact_model(dataclasses.replace(EXACT, padding_rows="zero"))
     zero_out = jax.jit(clean.apply)({"params": params}, packed)
     pad = ~packed["row_mask"]
     logits = np.asarray(out["pre_logits"])[pad]
     assert pad.sum() > 0 and np.ptp(logits, axis=0).max() == 0  # one vector for every cell
     assert np.abs(logits[0] - np.asarray(zero_out["pre_logits"])[pad][0]).max() > 1e-3
     real = packed["row_mask"]
-    np.testing.assert_array_equal(np.asarray(out["pre_logits"])[real],
-                                  np.asarray(zero_out["pre_logits"])[real])
+    # Two programs: equal up to how each compiles its sums.
+    np.testing.assert_allclose(np.asarray(out["pre_logits"])[real],
+                               np.asarray(zero_out["pre_logits"])[real], rtol=0, atol=1e-6)
     # With the detector unmasked, the padding cells of a real track move its conflict logits.
     assert np.abs(np.asarray(out["conflict_logits"])[real]
                   - np.asarray(zero_out["conflict_logits"])[real]).max() > 1e-4
@@ -208,6 +217,8 @@ def test_one_switch_sets_every_piece_and_the_defaults_per_config():
             exact.loss.mask_padding_in_losses, exact.data.entity_padding, exact.data.token_types,
             exact.train.optimizer, exact.data.max_length) == (
         "encoded", False, False, "data_max", "zeros", "hf_adamw", 16)
+    assert exact.model.matmul_precision == "highest" and exact.model.dtype == "float32"
+    assert roberta.get_config("clean").model.matmul_precision == "default"
     exact.data.token_types = "segments"  # one difference alone
     assert base.reference_mode(exact) == "mixed"
     assert deberta.get_config().model.tiered.padding_row_attention == "masked"
