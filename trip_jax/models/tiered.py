@@ -191,10 +191,8 @@ class TieredModel(nn.Module):
                              f"{cfg.max_sentences}")
 
         # Encoder rows -> the head inputs of the cells the heads run on.
-        rows, row_index = self.row_embeddings(batch, deterministic)
+        rows, row_index, padding = self.row_embeddings(batch, deterministic)
         cells = cell_view(cfg.cells, batch, row_index)
-        padding = (self.padding_row_embedding(deterministic) if cfg.padding_rows == "encoded"
-                   else None)
         h = cells.gather(rows, padding)
 
         # State heads.
@@ -234,29 +232,35 @@ class TieredModel(nn.Module):
         }
 
     def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True
-                       ) -> tuple[jax.Array, jax.Array]:
-        """The encoder's vector at each row's first token, and the row's cell.
+                       ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """The encoder's vector at each row's first token, the row's cell, and the padding
+        row's vector, from one encoder pass.
 
         Every layout gives the encoder sequences ``input_ids`` [N, L] (with ``segment_ids``
         where several rows share a sequence: the encoder then attends within a segment and
         restarts positions there) and each row's first token ``row_start`` (flat n*L + l).
-        Returns rows float32 [R, H] and row_index int32 [R], the flat (B, 2, E, S) cell of each
-        row (B*2*E*S for a padding row).
+        Returns rows float32 [R, H]; row_index int32 [R], the flat (B, 2, E, S) cell of each
+        row (B*2*E*S for a padding row); and with ``padding_rows="encoded"`` the reference's
+        padding-row vector float32 [H] (``padding_row_length``, ``padding_row_attention``),
+        encoded as one more sequence of the batch (``exact_mode.with_padding_row``), else None.
         """
-        hidden = self.encoder(batch["input_ids"], batch["attention_mask"],
-                              token_type_ids=batch["token_type_ids"],
-                              deterministic=deterministic, segment_ids=batch.get("segment_ids"))
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        return (flat[jnp.asarray(batch["row_start"], jnp.int32)].astype(jnp.float32),
-                jnp.asarray(batch["row_index"], jnp.int32))
-
-    def padding_row_embedding(self, deterministic: bool = True) -> jax.Array:
-        """The reference's padding-row vector [H] under this config's ``padding_row_length`` and
-        ``padding_row_attention`` (``exact_mode.padding_row_vector``), at ``matmul_precision``."""
         cfg = self.config
-        with jax.default_matmul_precision(self.matmul_precision):
-            return exact_mode.padding_row_vector(self.encoder, cfg.padding_row_length,
-                                                 cfg.padding_row_attention, deterministic)
+        inputs = {key: batch.get(key) for key in
+                  ("input_ids", "attention_mask", "token_type_ids", "segment_ids")}
+        row_start, extra = batch["row_start"], {}
+        encoded = cfg.padding_rows == "encoded"
+        if encoded:
+            inputs, row_start = exact_mode.with_padding_row(inputs, row_start,
+                                                            cfg.padding_row_length)
+            extra = exact_mode.padding_row_masking(self.encoder, cfg.padding_row_attention)
+        hidden = self.encoder(inputs["input_ids"], inputs["attention_mask"],
+                              token_type_ids=inputs["token_type_ids"],
+                              deterministic=deterministic, segment_ids=inputs["segment_ids"],
+                              **extra)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        rows = flat[jnp.asarray(row_start, jnp.int32)].astype(jnp.float32)
+        padding = hidden[-1, 0].astype(jnp.float32) if encoded else None
+        return rows, jnp.asarray(batch["row_index"], jnp.int32), padding
 
 
 def _cells_of(values: jax.Array) -> jax.Array:
