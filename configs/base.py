@@ -52,6 +52,7 @@ REFERENCE_MODES: dict[str, dict[str, object]] = {
         "data.max_length": 16,
         "model.tiered.cells": "grid",
         "data.dedup_rows": False,
+        "model.matmul_precision": "highest",
     },
     "clean": {
         "model.tiered.padding_rows": "zero",
@@ -63,6 +64,7 @@ REFERENCE_MODES: dict[str, dict[str, object]] = {
         "data.max_length": 0,
         "model.tiered.cells": "real",
         "data.dedup_rows": True,
+        "model.matmul_precision": "default",
     },
 }
 

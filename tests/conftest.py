@@ -43,6 +43,14 @@ def compilation_cache_dir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
+def highest_matmul_precision():
+    """Every matmul traced in this module at full float32 (``jax.default_matmul_precision``), so
+    that parity with PyTorch's float32 holds on a GPU too, whose default is TF32."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+@pytest.fixture(scope="module")
 def compilation_cache(compilation_cache_dir):
     """Lets every compilation after the first in this session load from disk (this module
     only: the settings are restored afterwards)."""

@@ -15,6 +15,8 @@ from trip_jax.models import weights  # noqa: E402
 from trip_jax.models.activations import get_activation  # noqa: E402
 from trip_jax.models.encoders import build_encoder  # noqa: E402
 
+# Parity at full float32 on any device (conftest).
+pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
 TOL = 1e-4
 TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=64, max_position_embeddings=40)

@@ -44,6 +44,7 @@ def test_the_cli_checks_are_the_schemas():
     ("data.token_types", features.TOKEN_TYPES),
     ("data.entity_padding", layouts.ENTITY_PADDINGS),
     ("model.dtype", tuple(builders.DTYPES)),
+    ("model.matmul_precision", tiered.MATMUL_PRECISIONS),
     ("model.random_encoder.model_type", encoders.SUPPORTED_MODEL_TYPES),
     ("model.tiered.detector_activation", tuple(sorted(tiered._ACTIVATIONS))),
     ("train.optimizer", optimizers.OPTIMIZERS),

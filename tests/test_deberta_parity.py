@@ -15,6 +15,8 @@ from trip_jax.models.deberta import DebertaEncoder, make_log_bucket_position  # 
 from trip_jax.models.encoders import build_encoder  # noqa: E402
 from trip_jax.models.weights import load_pretrained  # noqa: E402
 
+# Parity at full float32 on any device (conftest).
+pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
 TINY = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=48, max_position_embeddings=64, layer_norm_eps=1e-7)
 

@@ -28,6 +28,7 @@ from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
 from trip_jax.training.losses import LossConfig, tiered_loss
 from trip_jax.models.bert import BertEncoder
+from trip_jax.models.deberta import DebertaEncoder
 from trip_jax.models.exact_mode import LEGACY_MASK_BIAS
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 from trip_jax.training.optimizers import make_optimizer
@@ -48,10 +49,19 @@ EXACT = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=
                      projection_dropout=0.0, detector_input_dropout=0.0, detector_dropout=0.0,
                      conflict_dropout=0.0, detector_padding_mask=False, padding_rows="encoded")
 WEIGHTS = LossConfig(0.4, 0.4, 0.1, 0.1, mask_padding_in_losses=False)  # Table 2 "all"
+# The exact mode's matmul precision ("highest"), for the model; the encoder called alone and the
+# other JAX code here compute at it too (conftest), so parity holds on a GPU as on a CPU.
+PRECISION = base.REFERENCE_MODES["exact"]["model.matmul_precision"]
+pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
 
 
 def hf_config():
     return transformers.BertConfig(**HF_CONFIG)
+
+
+def exact_model(config: TieredConfig = EXACT):
+    """The tiered model of ``config`` around the tiny BERT, at the exact mode's precision."""
+    return build_tiered_model(hf_config(), config, matmul_precision=PRECISION)
 
 
 def story_pairs() -> list[StoryPair]:
@@ -95,7 +105,7 @@ def packed(encoded):
 
 @pytest.fixture(scope="module")
 def model():
-    return build_tiered_model(hf_config(), EXACT)
+    return exact_model()
 
 
 @pytest.fixture(scope="module")
@@ -123,43 +133,98 @@ def torch_model(params):
 # ------------------------------------------------------------------------------------------
 # One test per difference.
 
+def padding_vector(config: TieredConfig, params, batch) -> jax.Array:
+    """The padding-row vector the model of ``config`` encodes along with ``batch``."""
+    return exact_model(config).apply({"params": params}, batch, method="row_embeddings")[2]
+
+
+# Dense rows are 16 tokens: a 24-token padding row widens the batch's sequences.
+@pytest.mark.parametrize("layout, length", [("packed_tokens", 16), ("dense", 16), ("dense", 24)])
 def test_padding_row_vector_is_the_encoder_output_on_an_all_zero_masked_row(
-        model, params, torch_model):
-    vector = model.apply({"params": params}, method="padding_row_embedding")
-    zeros = jnp.zeros((1, 16), jnp.int32)
+        params, encoded, torch_model, layout, length):
+    batch = one_batch(encoded, layout)
+    config = dataclasses.replace(EXACT, padding_row_length=length)
+    zeros = jnp.zeros((1, length), jnp.int32)
     encoder = BertEncoder(hf_config())
-    direct = encoder.apply({"params": params["encoder"]}, zeros, zeros, zeros,
-                           mask_bias=LEGACY_MASK_BIAS)[0, 0]
-    np.testing.assert_array_equal(vector, direct)
-    with torch.no_grad():  # the original's encoder and mask (transformers 4.11: -10000)
-        np.testing.assert_allclose(vector, torch_model.padding_row().numpy(), atol=1e-5)
+    alone = lambda mask, **kwargs: encoder.apply({"params": params["encoder"]}, zeros, mask,
+                                                 zeros, **kwargs)[0, 0]
+    # Encoded with the batch, the row attends as alone: equal up to how each program sums.
+    vector = padding_vector(config, params, batch)
+    np.testing.assert_allclose(vector, alone(zeros, mask_bias=LEGACY_MASK_BIAS), rtol=0,
+                               atol=1e-6)
+    uniform = alone(zeros)
+    masked = dataclasses.replace(config, padding_row_attention="masked")
+    np.testing.assert_allclose(padding_vector(masked, params, batch), uniform, rtol=0, atol=1e-6)
+    if length == 16:
+        with torch.no_grad():  # the original's encoder and mask (transformers 4.11: -10000)
+            np.testing.assert_allclose(vector, torch_model.padding_row().numpy(), atol=1e-5)
     # Under -10000 a fully masked row attends like an unmasked one (up to score rounding),
     # unlike the float32-minimum mask of today's transformers (uniform attention).
-    unmasked = encoder.apply({"params": params["encoder"]}, zeros, jnp.ones_like(zeros),
-                             zeros)[0, 0]
-    uniform = encoder.apply({"params": params["encoder"]}, zeros, zeros, zeros)[0, 0]
-    to_unmasked = np.abs(np.asarray(vector - unmasked)).max()
+    to_unmasked = np.abs(np.asarray(vector - alone(jnp.ones_like(zeros)))).max()
     assert to_unmasked < 0.1 * np.abs(np.asarray(vector - uniform)).max()
-    masked = dataclasses.replace(EXACT, padding_row_attention="masked")
-    np.testing.assert_array_equal(
-        build_tiered_model(hf_config(), masked).apply({"params": params},
-                                                      method="padding_row_embedding"), uniform)
+
+
+def test_deberta_encodes_its_masked_padding_row_with_the_batch(packed):
+    deberta_config = transformers.DebertaConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=32, relative_attention=True,
+        pos_att_type=["c2p", "p2c"], position_biased_input=False, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0)
+    config = dataclasses.replace(EXACT, padding_row_attention="masked")
+    model = build_tiered_model(deberta_config, config, matmul_precision=PRECISION)
+    params = model.init(jax.random.key(0), packed)["params"]
+    rows, _, vector = model.apply({"params": params}, packed, method="row_embeddings")
+    zeros = jnp.zeros((1, config.padding_row_length), jnp.int32)
+    alone = DebertaEncoder(deberta_config).apply({"params": params["encoder"]}, zeros, zeros,
+                                                  zeros)[0, 0]
+    np.testing.assert_allclose(vector, alone, rtol=0, atol=1e-6)
+    # The batch's rows are encoded as without the padding row.
+    clean = build_tiered_model(deberta_config, dataclasses.replace(config, padding_rows="zero"),
+                               matmul_precision=PRECISION)
+    without, _, none = clean.apply({"params": params}, packed, method="row_embeddings")
+    assert none is None
+    np.testing.assert_allclose(rows, without, rtol=0, atol=1e-6)
+    # transformers 4.11's -10000 mask is BERT's and RoBERTa's only.
+    legacy = build_tiered_model(deberta_config, EXACT, matmul_precision=PRECISION)
+    with pytest.raises(ValueError, match="use 'masked' for DebertaEncoder"):
+        legacy.apply({"params": params}, packed, method="row_embeddings")
 
 
 def test_padding_cells_get_the_padding_row_vector(model, params, packed):
     out = jax.jit(model.apply)({"params": params}, packed)
-    clean = build_tiered_model(hf_config(), dataclasses.replace(EXACT, padding_rows="zero"))
+    clean = exact_model(dataclasses.replace(EXACT, padding_rows="zero"))
     zero_out = jax.jit(clean.apply)({"params": params}, packed)
     pad = ~packed["row_mask"]
     logits = np.asarray(out["pre_logits"])[pad]
     assert pad.sum() > 0 and np.ptp(logits, axis=0).max() == 0  # one vector for every cell
     assert np.abs(logits[0] - np.asarray(zero_out["pre_logits"])[pad][0]).max() > 1e-3
     real = packed["row_mask"]
-    np.testing.assert_array_equal(np.asarray(out["pre_logits"])[real],
-                                  np.asarray(zero_out["pre_logits"])[real])
+    # Two programs: equal up to how each compiles its sums.
+    np.testing.assert_allclose(np.asarray(out["pre_logits"])[real],
+                               np.asarray(zero_out["pre_logits"])[real], rtol=0, atol=1e-6)
     # With the detector unmasked, the padding cells of a real track move its conflict logits.
     assert np.abs(np.asarray(out["conflict_logits"])[real]
                   - np.asarray(zero_out["conflict_logits"])[real]).max() > 1e-4
+
+
+def layer_scans(jaxpr) -> int:
+    """The scan equations of ``jaxpr`` (each a stack of layers), into every nested jaxpr."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += eqn.primitive.name == "scan"
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    total += layer_scans(sub)
+    return total
+
+
+def test_the_padding_row_costs_no_second_encoder_pass(model, params, packed):
+    clean = exact_model(dataclasses.replace(EXACT, padding_rows="zero"))
+    scans = {name: layer_scans(jax.make_jaxpr(m.apply)({"params": params}, packed))
+             for name, m in (("encoded", model), ("zero", clean))}
+    assert scans == {"encoded": 2, "zero": 2}  # the encoder's layers and the detector's
 
 
 def test_token_types_are_all_zero_in_exact_mode(tokenizer, encoded, packed):
@@ -208,6 +273,8 @@ def test_one_switch_sets_every_piece_and_the_defaults_per_config():
             exact.loss.mask_padding_in_losses, exact.data.entity_padding, exact.data.token_types,
             exact.train.optimizer, exact.data.max_length) == (
         "encoded", False, False, "data_max", "zeros", "hf_adamw", 16)
+    assert exact.model.matmul_precision == "highest" and exact.model.dtype == "float32"
+    assert roberta.get_config("clean").model.matmul_precision == "default"
     exact.data.token_types = "segments"  # one difference alone
     assert base.reference_mode(exact) == "mixed"
     assert deberta.get_config().model.tiered.padding_row_attention == "masked"

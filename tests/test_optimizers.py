@@ -89,6 +89,23 @@ def test_torch_clip_scales_by_max_norm_over_norm_plus_1e6():
     np.testing.assert_array_equal(same["a"], small["a"])
 
 
+@pytest.mark.parametrize("scale", [0.1, 10.0])  # below and above the limit
+def test_the_clips_take_the_norm_the_step_computed(scale):
+    g = {"a": jnp.asarray([3.0, 4.0]) * scale, "b": jnp.asarray([[1.0, -2.0]]) * scale}
+    norm = optimizers.global_norm(g)
+    np.testing.assert_array_equal(norm, optax.tree.norm(g))
+    # Given the norm, optax's clip computes the same bits as optax.clip_by_global_norm.
+    ours, _ = optimizers.optax_clip_by_global_norm(1.0).update(g, optax.EmptyState(),
+                                                               grad_norm=norm)
+    theirs, _ = optax.clip_by_global_norm(1.0).update(g, optax.EmptyState())
+    for k in g:
+        np.testing.assert_array_equal(ours[k], theirs[k])
+    # The given norm is the one used (not computed again).
+    for clip in (optimizers.optax_clip_by_global_norm, optimizers.torch_clip_by_global_norm):
+        clipped, _ = clip(1.0).update(g, optax.EmptyState(), grad_norm=jnp.float32(100.0))
+        np.testing.assert_allclose(clipped["a"], g["a"] / 100.0, rtol=1e-6)
+
+
 def test_make_optimizer_chooses_by_train_optimizer():
     params, grads = problem()
     config = ml_collections.ConfigDict(dict(
@@ -104,6 +121,10 @@ def test_make_optimizer_chooses_by_train_optimizer():
     tx, _ = make_optimizer(config, total_steps=3)
     ox = run(optax.adamw(LR, b1=B1, b2=B2, eps=EPS, weight_decay=0.0), params, grads)
     np.testing.assert_array_equal(run(tx, params, grads)["w"], ox["w"])
+    # Without a clip the optimizer takes the step's norm too, and ignores it.
+    state = tx.init(params)
+    given, _ = tx.update(grads[0], state, params, grad_norm=jnp.float32(1e9))
+    np.testing.assert_array_equal(given["w"], tx.update(grads[0], state, params)[0]["w"])
     config.optimizer = "sgd"
     with pytest.raises(ValueError, match="train.optimizer"):
         make_optimizer(config, total_steps=3)

@@ -193,6 +193,38 @@ def test_jitted_training_step_and_stop_gradient(params, packed):
     assert not np.asarray(out_a["pre_pred"])[~packed["row_mask"]].any()
 
 
+def dot_precisions(jaxpr) -> list:
+    """The ``precision`` of every dot_general of ``jaxpr``, into every nested jaxpr."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    found += dot_precisions(sub)
+    return found
+
+
+@pytest.mark.parametrize("name", ["default", "high", "highest"])
+def test_every_matmul_forward_and_backward_runs_at_the_configured_precision(params, packed,
+                                                                           name):
+    config = dataclasses.replace(TINY, padding_rows="encoded")  # the padding row's pass too
+    model = build_tiered_model(transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=32), config, matmul_precision=name)
+
+    def loss(p):
+        return tiered_loss(model.apply({"params": p}, packed), packed, WEIGHTS)[0]
+
+    precisions = dot_precisions(jax.make_jaxpr(jax.grad(loss))(params))
+    want = (jax.lax.Precision(name),) * 2
+    assert len(precisions) > 20 and set(precisions) == {want}
+    with pytest.raises(ValueError, match="model.matmul_precision"):
+        build_tiered_model(transformers.BertConfig(), TINY, matmul_precision="tensorfloat32")
+
+
 @pytest.fixture(scope="module")
 def heads_and_input():
     heads = StateHeads(TINY)

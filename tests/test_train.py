@@ -94,6 +94,7 @@ def test_whole_loop_logs_checkpoints_and_reports(full_run):
     train_steps = [r["step"] for r in log if r["split"] == "train"]
     assert train_steps == [2, 4, 6, 8]
     assert all(np.isfinite(r["loss/total"]) for r in log if r["split"] == "train")
+    assert all(r["param_norm"] > 0 and r["grad_norm"] > 0 for r in log if r["split"] == "train")
     # Selection after each of the 2 epochs (reference rule: the score is the verifiability);
     # test for both best checkpoints.
     held_out = [r for r in log if r["split"] == "dev_holdout"]
@@ -330,7 +331,26 @@ def test_speed_options_train(tiny_config, tmp_path):
     log = read_log(tmp_path)
     assert [r["step"] for r in log if r["split"] == "train"] == [2, 4]
     assert all(np.isfinite(r["loss/total"]) for r in log if r["split"] == "train")
+    assert all(r["param_norm"] > 0 and r["grad_norm"] > 0 for r in log if r["split"] == "train")
     assert 1 >= result["accuracy"] >= result["consistency"] >= result["verifiability"] >= 0
+
+
+def test_the_train_step_computes_one_norm_the_clips(tiny_config, monkeypatch):
+    config = tiny_config()
+    assert config.train.grad_clip_norm > 0
+    computed = []
+    norm = optimizers.global_norm
+    monkeypatch.setattr(optimizers, "global_norm",
+                        lambda tree: computed.append(jax.tree.structure(tree)) or norm(tree))
+    trainer = trainer_of(config)
+    data = input_pipeline.prepare_data(config)
+    local = next(iter(input_pipeline.batch_stream(
+        data.train, data.layout, config.train.batch_size, shuffle=False, seed=0, epoch=0,
+        shards=sharding.local_batch_shards(trainer.mesh))))
+    state = trainer.abstract_state()
+    trainer.train_step.trace(state, input_pipeline.global_batch(local, trainer.mesh))
+    # One norm: the gradients' (the clip reuses it); the parameters' is not in the step.
+    assert computed == [jax.tree.structure(state.params)]
 
 
 def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates(tiny_config):

@@ -40,7 +40,7 @@ from trip_jax.training.step import Trainer, build_trainer
 
 
 class TrainingDiverged(FloatingPointError):
-    """The loss (or the gradient or parameter norm) became NaN or infinite."""
+    """The loss, the gradient norm or the parameters' norm became NaN or infinite."""
 
 
 # ------------------------------------------------------------------------------------------
@@ -67,8 +67,7 @@ class _PendingMetrics:
             if not values["finite"]:
                 raise TrainingDiverged(
                     f"training diverged at step {step}: loss={float(values['loss/total'])}, "
-                    f"grad_norm={float(values['grad_norm'])}, "
-                    f"param_norm={float(values['param_norm'])} (NaN or inf). Stopped before "
+                    f"grad_norm={float(values['grad_norm'])} (NaN or inf). Stopped before "
                     f"saving anything from it; {last_good()}")
         keys = [k for k in host[0] if k != "finite"]
         return {k: float(np.mean([h[k] for h in host])) for k in keys}
@@ -269,16 +268,22 @@ class TrainLoop:
             self.save_latest()
 
     def flush(self) -> None:
-        """Fetches the pending step metrics and logs their means with the throughput."""
+        """Fetches the pending step metrics and logs their means with the throughput and the
+        parameters' norm now; raises TrainingDiverged where that norm is not finite."""
         means = self.pending.fetch(self.setup.last_good)
         if means is None:
             return
+        param_norm = float(self.setup.trainer.param_norm(self.state.params))
+        if not np.isfinite(param_norm):
+            raise TrainingDiverged(
+                f"training diverged by step {self.step}: param_norm={param_norm} (NaN or inf). "
+                f"Stopped before saving anything from it; {self.setup.last_good()}")
         elapsed = time.time() - self.tick
         rate = (self.step - self.tick_step) / elapsed if elapsed > 0 else 0.0
         self.tick, self.tick_step = time.time(), self.step
         pairs_per_step = self.setup.config.train.batch_size
         self.setup.log.write(self.step, "train",
-                             {**means, "steps_per_second": rate,
+                             {**means, "param_norm": param_norm, "steps_per_second": rate,
                               "pairs_per_second": rate * pairs_per_step},
                              epoch=self.step / self.setup.steps_per_epoch)
         self.bar.set_postfix(loss=f"{means['loss/total']:.4f}", refresh=False)

@@ -67,8 +67,9 @@ STEPS: dict[int, Step] = {
             dropped=("model.tiered.transitions_init_weight",)),
     # Issue 33: the dev_cv protocol's folds and the decoding lever for the implicit pairs, off.
     3: Step(added={"data.folds": 5, "data.fold": 0, "decoding.min_flip_probability": 0.0}),
-    # Issue 43: cross-validation decodes each fold under cv.sweep as the fold ends.
-    4: Step(added={"cv.sweep": ""}),
+    # Issue 43: cross-validation decodes each fold under cv.sweep as the fold ends. Issue 42:
+    # the matmul precision, the device's default before.
+    4: Step(added={"cv.sweep": "", "model.matmul_precision": "default"}),
 }
 
 

@@ -31,6 +31,7 @@ EntityPadding = Literal["bucket", "data_max"]
 TokenTypes = Literal["segments", "zeros"]
 LayoutName = Literal["packed_tokens", "dense"]
 DType = Literal["float32", "bfloat16", "float16"]
+MatmulPrecision = Literal["default", "high", "highest"]
 EncoderType = Literal["bert", "roberta", "deberta", "deberta-v2"]
 Activation = Literal["gelu", "relu"]
 PaddingRows = Literal["zero", "encoded"]
@@ -200,6 +201,10 @@ class ModelConfig(Section):
     tokenizer: str = option("", "'': the encoder's own; or e.g. 'word_level:bert'")
     dtype: DType = option("float32", "encoder compute dtype (bfloat16 on TPU/GPU)")
     remat: bool = option(False, "rematerialise encoder layers (memory for compute)")
+    matmul_precision: MatmulPrecision = option(
+        "default", "precision of every matmul of the model, forward and backward: 'default' "
+        "the device's fastest (TF32 on NVIDIA GPUs, bfloat16 passes on TPU), 'highest' full "
+        "float32 (the exact mode's); docs/reference.md")
     tiered: TieredConfig = option(TieredConfig(), "the tiered architecture")
 
 

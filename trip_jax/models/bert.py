@@ -23,6 +23,10 @@ from trip_jax.models.packing import segment_attention_mask, segment_positions
 
 # Families whose position ids start at pad_token_id + 1 and skip padding tokens.
 _PADDING_OFFSET_POSITIONS = ("roberta",)
+# The default bias of a masked key inside a packed row: it absorbs any score, so that a fully
+# masked row attends uniformly over its own tokens (as a fully masked row alone does under the
+# float32 minimum), and it stays far above the float32 minimum that keeps other rows out.
+ROW_MASK_BIAS = -1e30
 
 
 def position_ids(config, input_ids: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
@@ -50,19 +54,21 @@ def attention_bias(attention_mask: jax.Array, mask_bias: float | None = None,
                    segment_ids: jax.Array | None = None) -> jax.Array:
     """Additive float32 bias [N, 1, 1, T]: 0 where attended, ``mask_bias`` where masked.
 
-    With ``segment_ids`` the bias is [N, 1, T, T] and block-diagonal: a query attends only to
-    the keys of its own non-zero segment (``packing.segment_attention_mask``); the query rows of
-    padding tokens are fully masked.
-
     The default, the float32 minimum, is today's transformers' (a fully masked row attends
     uniformly); -10000.0 is transformers 4.11's (docs/exact-mode.md, difference 1a).
+
+    With ``segment_ids`` the bias is [N, 1, T, T]: a query sees only the keys of its own
+    non-zero segment (``packing.segment_attention_mask``), those with ``attention_mask`` 0
+    masked with ``mask_bias`` (default ``ROW_MASK_BIAS``), as the row alone would be; every
+    other key, and every key of a padding token's query, gets the float32 minimum.
     """
+    attended = attention_mask.astype(bool)[:, None, None, :]
     if segment_ids is None:
-        keep = attention_mask.astype(bool)[:, None, None, :]
-    else:
-        keep = segment_attention_mask(segment_ids)
-    masked = jnp.finfo(jnp.float32).min if mask_bias is None else mask_bias
-    return jnp.where(keep, 0.0, masked).astype(jnp.float32)
+        masked = jnp.finfo(jnp.float32).min if mask_bias is None else mask_bias
+        return jnp.where(attended, 0.0, masked).astype(jnp.float32)
+    in_row = jnp.where(attended, 0.0, ROW_MASK_BIAS if mask_bias is None else mask_bias)
+    return jnp.where(segment_attention_mask(segment_ids), in_row,
+                     jnp.finfo(jnp.float32).min).astype(jnp.float32)
 
 
 def _check_config(config) -> None:
@@ -221,8 +227,9 @@ class BertEncoder(nn.Module):
     ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
     padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
     position ids restart at each row (RoBERTa: pad_token_id + 1 + offset), and token types are
-    used as given; ``attention_mask`` is ignored (it should equal ``segment_ids > 0``). Each
-    row's hidden states equal those of the row encoded alone. Without it nothing changes.
+    used as given; ``attention_mask`` 0 masks a row's own tokens (``attention_bias``; the exact
+    mode's padding row is a fully masked row). Each row's hidden states equal those of the row
+    encoded alone. Without it nothing changes.
     """
 
     config: Any

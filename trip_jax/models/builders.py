@@ -56,7 +56,8 @@ def build_model(config, hf_config) -> TieredModel:
         raise ValueError(f"unknown model.dtype {model.dtype!r}; expected one of {sorted(DTYPES)}")
     tiered = TieredConfig.from_mapping(
         {**model.tiered.to_dict(), "max_sentences": config.data.max_sentences})
-    return build_tiered_model(hf_config, tiered, dtype=DTYPES[model.dtype], remat=model.remat)
+    return build_tiered_model(hf_config, tiered, dtype=DTYPES[model.dtype], remat=model.remat,
+                              matmul_precision=model.matmul_precision)
 
 
 def example_batch(max_sentences: int, *, seq_len: int = 8) -> dict[str, np.ndarray]:

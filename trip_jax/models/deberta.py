@@ -365,10 +365,9 @@ class DebertaLayerStack(nn.Module):
                 rel = _layer_norm(cfg, jnp.float32)(rel)
 
         # Built once per call and shared by every layer.
-        if segment_ids is None:
-            pair_mask = (mask[:, None, :, None] & mask[:, None, None, :])
-        else:
-            pair_mask = segment_attention_mask(segment_ids)
+        pair_mask = mask[:, None, :, None] & mask[:, None, None, :]
+        if segment_ids is not None:
+            pair_mask = pair_mask & segment_attention_mask(segment_ids)
         first = None
         if _is_v2(cfg) and getattr(cfg, "conv_kernel_size", 0) > 0:
             conv = DebertaConvLayer(cfg, self.dtype, name="conv")
@@ -392,8 +391,9 @@ class DebertaEncoder(nn.Module):
     ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
     padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
     absolute positions (if the config uses them) restart at each row, and token types are used
-    as given; ``attention_mask`` is ignored (it should equal ``segment_ids > 0``). Each row's
-    hidden states equal those of the row encoded alone. Configs with the v2 convolution
+    as given; ``attention_mask`` 0 masks a row's own tokens as an unpacked row's (the exact
+    mode's padding row is a fully masked row). Each row's hidden states equal those of the row
+    encoded alone. Configs with the v2 convolution
     (``conv_kernel_size > 0``) raise NotImplementedError. Without it nothing changes.
     """
 
@@ -418,7 +418,9 @@ class DebertaEncoder(nn.Module):
                     f"convolution (conv_kernel_size={self.config.conv_kernel_size}): it mixes "
                     "each token with its neighbours, across row ends into the next packed row "
                     "where an unpacked row sees zeroed padding")
-            attention_mask = segment_ids > 0
+            in_row = segment_ids > 0
+            attention_mask = (in_row if attention_mask is None
+                              else in_row & attention_mask.astype(bool))
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         if token_type_ids is None:

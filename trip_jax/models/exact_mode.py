@@ -1,11 +1,15 @@
-"""The model's exact-mode piece: the reference's padding-row vector (``padding_rows="encoded"``).
+"""The model's exact-mode piece: the reference's padding row (``padding_rows="encoded"``).
 
 Every padding cell of the reference was an encoder row of ``padding_row_length`` token ids 0,
-attention mask 0 and token types 0; ``padding_row_vector`` is that row's position-0 output,
-computed once per call. Why and what it changes: docs/exact-mode.md, difference 1.
+attention mask 0 and token types 0, encoded alone; its position-0 output is the padding-row
+vector. ``with_padding_row`` adds that row to the encoder's input as one more sequence, so that
+the encoder's one pass over the batch computes it too (``TieredModel.row_embeddings``). Why and
+what it changes: docs/exact-mode.md, difference 1.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -17,21 +21,41 @@ from trip_jax.models.bert import BertEncoder
 LEGACY_MASK_BIAS = -10000.0
 
 
-def padding_row_vector(encoder: nn.Module, length: int, attention: str,
-                       deterministic: bool = True) -> jax.Array:
-    """The encoder's position-0 output [H] (float32) on one all-zero, fully masked row.
+def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Array, length: int
+                     ) -> tuple[dict[str, jax.Array], jax.Array]:
+    """The encoder inputs [N, L] plus a last sequence holding the padding row, as packed rows.
 
-    ``length`` tokens; ``attention`` "legacy" masks keys with ``LEGACY_MASK_BIAS`` (BERT and
-    RoBERTa only, else ValueError), "masked" with the encoder's own mask. Call it inside the
-    bound model that owns ``encoder``.
+    ``inputs``: input_ids, attention_mask, token_type_ids and segment_ids (None for the dense
+    layout: each row becomes segment 1 of its sequence, its attended tokens). The sequences are
+    widened to ``length`` tokens where shorter (padding tokens, segment 0); the last one holds
+    token ids 0, types 0 and attention mask 0 in segments of ``length`` tokens (copies of the
+    padding row, the last one cut; no token is a padding token, whose position could pass the
+    encoder's table). The encoders encode a packed row as alone, a fully masked one too
+    (``bert.attention_bias``, ``deberta.DebertaEncoder``), so the first copy's position-0
+    output, the last sequence's first, is the padding-row vector. Returns the inputs
+    [N + 1, max(L, length)] and ``row_start`` (flat n*L + l) in the widened sequences.
     """
-    zeros = jnp.zeros((1, length), jnp.int32)
-    extra = {}
-    if attention == "legacy":
-        if not isinstance(encoder, BertEncoder):
-            raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
-                             "additive mask of BERT/RoBERTa; use 'masked' for "
-                             f"{type(encoder).__name__}")
-        extra["mask_bias"] = LEGACY_MASK_BIAS
-    hidden = encoder(zeros, zeros, token_type_ids=zeros, deterministic=deterministic, **extra)
-    return hidden[0, 0, :].astype(jnp.float32)
+    segments = inputs["segment_ids"]
+    if segments is None:
+        segments = inputs["attention_mask"]
+    num, width = inputs["input_ids"].shape
+    wide = max(width, length)
+    grow = lambda x: jnp.pad(jnp.asarray(x, jnp.int32), ((0, 1), (0, wide - width)))
+    out = {key: grow(inputs[key]) for key in ("input_ids", "attention_mask", "token_type_ids")}
+    out["segment_ids"] = grow(segments).at[num].set(jnp.arange(wide, dtype=jnp.int32) // length
+                                                    + 1)
+    row_start = jnp.asarray(row_start, jnp.int32)
+    return out, row_start // width * wide + row_start % width
+
+
+def padding_row_masking(encoder: nn.Module, attention: str) -> dict[str, float]:
+    """The encoder's keyword arguments that mask the padding row as ``attention`` says:
+    "legacy" with ``LEGACY_MASK_BIAS`` (BERT and RoBERTa only, else ValueError), "masked" with
+    the encoder's own mask (none)."""
+    if attention == "masked":
+        return {}
+    if not isinstance(encoder, BertEncoder):
+        raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
+                         "additive mask of BERT/RoBERTa; use 'masked' for "
+                         f"{type(encoder).__name__}")
+    return {"mask_bias": LEGACY_MASK_BIAS}

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from trip_jax.config.sections import (Activation, Cells, PaddingRowAttention, PaddingRows,
-                                      TieredConfig, choices_of)
+from trip_jax.config.sections import (Activation, Cells, MatmulPrecision, PaddingRowAttention,
+                                      PaddingRows, TieredConfig, choices_of)
 from trip_jax.models import exact_mode, layer_stack
 from trip_jax.models.cells import cell_view
 from trip_jax.models.encoders import build_encoder
@@ -32,6 +32,8 @@ PADDING_ROWS: tuple[str, ...] = choices_of(PaddingRows)
 PADDING_ROW_ATTENTION: tuple[str, ...] = choices_of(PaddingRowAttention)
 # Where the state heads and the detector run: every (B, 2, E, S) cell, or the real ones only.
 CELLS: tuple[str, ...] = choices_of(Cells)
+# model.matmul_precision: ``jax.default_matmul_precision``'s name of every matmul's precision.
+MATMUL_PRECISIONS: tuple[str, ...] = choices_of(MatmulPrecision)
 
 
 def class_mask(num_classes: tuple[int, ...]) -> np.ndarray:
@@ -158,13 +160,15 @@ class TieredModel(nn.Module):
     """The tiered reasoning model (docs/reference.md, "Model") over batch-contract arrays.
 
     ``encoder`` is a module following the encoder contract (see ``build_tiered_model`` to build
-    it from a Hugging Face config); its parameters live under ``params["encoder"]``.
+    it from a Hugging Face config); its parameters live under ``params["encoder"]``. Every
+    matmul of the model (encoder, heads, detector; their gradients too) runs at
+    ``matmul_precision`` (``MATMUL_PRECISIONS``).
     """
 
     encoder: nn.Module
     config: TieredConfig = TieredConfig()
+    matmul_precision: str = "default"
 
-    @nn.compact
     def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True
                  ) -> dict[str, jax.Array]:
         """Returns the Model output contract for a batch (only the input arrays are read).
@@ -173,6 +177,13 @@ class TieredModel(nn.Module):
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
         story_score [B,2], story_pred [B]. ValueError if S != ``config.max_sentences``.
         """
+        with jax.default_matmul_precision(self.matmul_precision):
+            return self.outputs(batch, deterministic)
+
+    @nn.compact
+    def outputs(self, batch: Mapping[str, jax.Array], deterministic: bool
+                ) -> dict[str, jax.Array]:
+        """``__call__`` at the precision in force."""
         cfg = self.config
         num_sentences = np.shape(batch["row_mask"])[-1]
         if num_sentences != cfg.max_sentences:
@@ -180,10 +191,8 @@ class TieredModel(nn.Module):
                              f"{cfg.max_sentences}")
 
         # Encoder rows -> the head inputs of the cells the heads run on.
-        rows, row_index = self.row_embeddings(batch, deterministic)
+        rows, row_index, padding = self.row_embeddings(batch, deterministic)
         cells = cell_view(cfg.cells, batch, row_index)
-        padding = (self.padding_row_embedding(deterministic) if cfg.padding_rows == "encoded"
-                   else None)
         h = cells.gather(rows, padding)
 
         # State heads.
@@ -223,28 +232,35 @@ class TieredModel(nn.Module):
         }
 
     def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True
-                       ) -> tuple[jax.Array, jax.Array]:
-        """The encoder's vector at each row's first token, and the row's cell.
+                       ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """The encoder's vector at each row's first token, the row's cell, and the padding
+        row's vector, from one encoder pass.
 
         Every layout gives the encoder sequences ``input_ids`` [N, L] (with ``segment_ids``
         where several rows share a sequence: the encoder then attends within a segment and
         restarts positions there) and each row's first token ``row_start`` (flat n*L + l).
-        Returns rows float32 [R, H] and row_index int32 [R], the flat (B, 2, E, S) cell of each
-        row (B*2*E*S for a padding row).
+        Returns rows float32 [R, H]; row_index int32 [R], the flat (B, 2, E, S) cell of each
+        row (B*2*E*S for a padding row); and with ``padding_rows="encoded"`` the reference's
+        padding-row vector float32 [H] (``padding_row_length``, ``padding_row_attention``),
+        encoded as one more sequence of the batch (``exact_mode.with_padding_row``), else None.
         """
-        hidden = self.encoder(batch["input_ids"], batch["attention_mask"],
-                              token_type_ids=batch["token_type_ids"],
-                              deterministic=deterministic, segment_ids=batch.get("segment_ids"))
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        return (flat[jnp.asarray(batch["row_start"], jnp.int32)].astype(jnp.float32),
-                jnp.asarray(batch["row_index"], jnp.int32))
-
-    def padding_row_embedding(self, deterministic: bool = True) -> jax.Array:
-        """The reference's padding-row vector [H] under this config's ``padding_row_length`` and
-        ``padding_row_attention`` (``exact_mode.padding_row_vector``)."""
         cfg = self.config
-        return exact_mode.padding_row_vector(self.encoder, cfg.padding_row_length,
-                                             cfg.padding_row_attention, deterministic)
+        inputs = {key: batch.get(key) for key in
+                  ("input_ids", "attention_mask", "token_type_ids", "segment_ids")}
+        row_start, extra = batch["row_start"], {}
+        encoded = cfg.padding_rows == "encoded"
+        if encoded:
+            inputs, row_start = exact_mode.with_padding_row(inputs, row_start,
+                                                            cfg.padding_row_length)
+            extra = exact_mode.padding_row_masking(self.encoder, cfg.padding_row_attention)
+        hidden = self.encoder(inputs["input_ids"], inputs["attention_mask"],
+                              token_type_ids=inputs["token_type_ids"],
+                              deterministic=deterministic, segment_ids=inputs["segment_ids"],
+                              **extra)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        rows = flat[jnp.asarray(row_start, jnp.int32)].astype(jnp.float32)
+        padding = hidden[-1, 0].astype(jnp.float32) if encoded else None
+        return rows, jnp.asarray(batch["row_index"], jnp.int32), padding
 
 
 def _cells_of(values: jax.Array) -> jax.Array:
@@ -268,9 +284,15 @@ def real_state_logits(pre_logits: jax.Array, eff_logits: jax.Array,
 
 
 def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *,
-                       dtype=jnp.float32, remat: bool = False) -> TieredModel:
+                       dtype=jnp.float32, remat: bool = False,
+                       matmul_precision: str = "default") -> TieredModel:
     """Builds a TieredModel whose encoder comes from ``build_encoder(hf_config)``.
 
-    ``dtype``/``remat`` go to the encoder; the heads and detector compute in float32.
+    ``dtype``/``remat`` go to the encoder; the heads and detector compute in float32; every
+    matmul at ``matmul_precision`` (one of ``MATMUL_PRECISIONS``, else ValueError).
     """
-    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat), config=config)
+    if matmul_precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"unknown model.matmul_precision {matmul_precision!r}; expected one of "
+                         f"{MATMUL_PRECISIONS}")
+    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat), config=config,
+                       matmul_precision=matmul_precision)

@@ -13,7 +13,9 @@
 
 ``clip_by_global_norm`` scales by max_norm / norm when norm > max_norm (optax, with "adamw") or
 by min(1, max_norm / (norm + 1e-6)) (``torch.nn.utils.clip_grad_norm_``, with "hf_adamw").
-What the difference amounts to: docs/exact-mode.md.
+What the difference amounts to: docs/exact-mode.md. The optimizer's ``update`` takes the
+gradients' ``global_norm`` as the extra argument ``grad_norm`` (the train step computes it once,
+for the clip and its log), or computes it where none is given.
 """
 
 from __future__ import annotations
@@ -96,16 +98,38 @@ def hf_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float =
     return optax.GradientTransformation(init, update)
 
 
-def torch_clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-    """``torch.nn.utils.clip_grad_norm_``: scales by min(1, max_norm / (norm + 1e-6))."""
+def global_norm(tree) -> jax.Array:
+    """The Euclidean norm of all the arrays of ``tree`` together (``optax.tree.norm``)."""
+    return optax.tree.norm(tree)
 
-    def update(updates, state, params=None):
-        del params
-        norm = optax.tree.norm(updates)
+
+def torch_clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+    """``torch.nn.utils.clip_grad_norm_``: scales by min(1, max_norm / (norm + 1e-6)).
+
+    ``update(..., grad_norm=None)``: the updates' ``global_norm`` if already computed."""
+
+    def update(updates, state, params=None, *, grad_norm=None, **extra_args):
+        del params, extra_args
+        norm = global_norm(updates) if grad_norm is None else grad_norm
         scale = jnp.minimum(1.0, max_norm / (norm + TORCH_CLIP_EPS))
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 
-    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+    return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
+
+
+def optax_clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+    """``optax.clip_by_global_norm`` (the same operations, so the same bits): scales by
+    max_norm / norm when norm >= max_norm. ``update(..., grad_norm=None)`` as
+    ``torch_clip_by_global_norm``."""
+
+    def update(updates, state, params=None, *, grad_norm=None, **extra_args):
+        del params, extra_args
+        norm = global_norm(updates) if grad_norm is None else grad_norm
+        keep = jnp.squeeze(norm < max_norm)
+        clip = lambda g: jax.lax.select(keep, g, (g / norm.astype(g.dtype)) * max_norm)
+        return jax.tree.map(clip, updates), state
+
+    return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
 def adamw(name: str, learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
@@ -118,13 +142,13 @@ def adamw(name: str, learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: fl
     raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
 
 
-def clip_by_global_norm(name: str, max_norm: float) -> optax.GradientTransformation:
+def clip_by_global_norm(name: str, max_norm: float) -> optax.GradientTransformationExtraArgs:
     """Gradient clipping that goes with optimizer ``name``: optax's for "adamw", torch's for
     "hf_adamw" (the reference clipped with torch.nn.utils.clip_grad_norm_)."""
     if name == "hf_adamw":
         return torch_clip_by_global_norm(max_norm)
     if name == "adamw":
-        return optax.clip_by_global_norm(max_norm)
+        return optax_clip_by_global_norm(max_norm)
     raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
 
 
@@ -147,9 +171,9 @@ def learning_rate_schedule(train_config, total_steps: int, lr: float | None = No
 
 
 def make_optimizer(train_config, total_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                   ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
     """AdamW, global-norm clipping (docs/reference.md "Training"); returns (optimizer, encoder lr
-    schedule). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
+    schedule). The optimizer's ``update`` accepts ``grad_norm`` (module docstring). ``train.head_learning_rate`` > 0 gives the parameters outside the encoder
     (state heads, projections, detector: trained from scratch) their own peak rate;
     ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
     schedule = learning_rate_schedule(train_config, total_steps)
@@ -173,7 +197,7 @@ def make_optimizer(train_config, total_steps: int
     if train_config.grad_clip_norm > 0:
         clip = clip_by_global_norm(name, train_config.grad_clip_norm)
         return optax.chain(clip, tx), schedule
-    return tx, schedule
+    return optax.with_extra_args_support(tx), schedule
 
 
 def _encoder_or_heads(params) -> dict:

@@ -22,19 +22,15 @@ from trip_jax.training import losses, optimizers
 from trip_jax.training.state import TrainState, abstract_train_state, create_train_state
 
 
-def global_norm(tree) -> jax.Array:
-    """sqrt(sum over every leaf x and element of x**2), computed in float32: the Euclidean norm
-    of all the arrays of ``tree`` together."""
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
-
-
 def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
                     seed: int, *, freeze_encoder: bool = False) -> Callable:
     """Returns ``step(state, batch) -> (state, metrics)``: one jitted, sharded update.
 
     The state is donated; the dropout key is ``fold_in(key(seed) split, step)``, so a resumed
-    run draws the same masks. ``metrics["finite"]`` is False when the loss, the gradient norm or
-    the updated parameters are not finite. ``freeze_encoder``: no gradient flows into the
+    run draws the same masks. ``metrics["grad_norm"]`` is the gradients' global norm, computed
+    once: the one the optimizer's clip uses (``optimizers.global_norm``). ``metrics["finite"]``
+    is False when the loss or the gradient norm is not finite (the parameters' norm is
+    ``make_param_norm``'s, on logging steps only). ``freeze_encoder``: no gradient flows into the
     encoder (its backward pass is not computed; the optimizer must leave it unchanged too).
     """
     dropout_key = jax.random.split(jax.random.key(seed))[1]
@@ -50,19 +46,27 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
             return losses.tiered_loss(outputs, batch, loss_config)
 
         (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        grad_norm = optimizers.global_norm(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params,
+                                       grad_norm=grad_norm)
         params = optax.apply_updates(state.params, updates)
-        grad_norm, param_norm = global_norm(grads), global_norm(params)
         out = {f"loss/{k}": v for k, v in parts.items()}
-        out.update(grad_norm=grad_norm, param_norm=param_norm,
-                   learning_rate=schedule(state.step),
-                   finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm))
+        out.update(grad_norm=grad_norm, learning_rate=schedule(state.step),
+                   finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm))
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), out
 
     return jax.jit(step,
                    in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=(state_shardings, sharding.replicated(mesh)),
                    donate_argnums=(0,))
+
+
+def make_param_norm(mesh, param_shardings) -> Callable:
+    """Returns ``param_norm(params)``: the parameters' global norm (``optimizers.global_norm``),
+    replicated; a program of its own, run when a log record is written, so the train step does
+    not compute it every step."""
+    return jax.jit(optimizers.global_norm, in_shardings=(param_shardings,),
+                   out_shardings=sharding.replicated(mesh))
 
 
 def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings) -> Callable:
@@ -86,7 +90,8 @@ def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings)
 @dataclasses.dataclass(frozen=True)
 class Trainer:
     """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
-    schedule, the train state's shardings, the jitted train and eval steps."""
+    schedule, the train state's shardings, the jitted train and eval steps and the parameter
+    norm (``make_param_norm``)."""
 
     config: ml_collections.ConfigDict
     model: Any
@@ -96,6 +101,7 @@ class Trainer:
     state_shardings: Any
     train_step: Callable
     eval_step: Callable
+    param_norm: Callable
 
     def fresh_state(self, encoder_params=None) -> TrainState:
         """A new train state (``create_train_state``), in ``state_shardings``."""
@@ -109,12 +115,13 @@ class Trainer:
 
 
 def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
-    """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step and
-    eval step (``make_eval_step``) on ``mesh``."""
+    """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step, eval
+    step (``make_eval_step``) and parameter norm (``make_param_norm``) on ``mesh``."""
     tx, schedule = optimizers.make_optimizer(config.train, total_steps)
     _, shardings = abstract_train_state(config, model, tx, mesh)
     loss_config = losses.LossConfig.from_mapping(config.loss)
     train_step = make_train_step(model, tx, schedule, loss_config, mesh, shardings,
                                  config.train.seed, freeze_encoder=config.train.freeze_encoder)
     eval_step = make_eval_step(model, loss_config, mesh, shardings.params)
-    return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step)
+    return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step,
+                   make_param_norm(mesh, shardings.params))
