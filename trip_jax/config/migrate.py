@@ -69,7 +69,9 @@ STEPS: dict[int, Step] = {
     3: Step(added={"data.folds": 5, "data.fold": 0, "decoding.min_flip_probability": 0.0}),
     # Issue 43: cross-validation decodes each fold under cv.sweep as the fold ends. Issue 42:
     # the matmul precision, the device's default before.
-    4: Step(added={"cv.sweep": "", "model.matmul_precision": "default"}),
+    4: Step(added={"cv.sweep": ""}),
+    # Issue 42: matmul precision became a key; runs before it computed at JAX's default.
+    5: Step(added={"model.matmul_precision": "default"}),
 }
 
 

@@ -22,7 +22,7 @@ from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_I
                                     Section, above, at_least, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
-CONFIG_VERSION = 5
+CONFIG_VERSION = 6
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
