@@ -81,9 +81,11 @@ PRESETS: dict[str, dict[str, object]] = {
         # gets its states under one name (trip_jax/evaluation/decoding.py).
         "decoding.state_threshold": 0.5,
         "decoding.alias_states": True,
-        # At the decoded conflict's two sentences, a state is asserted at probability >= 0.9
-        # only (chosen on the held-out slice: docs/results.md, "Verifiability levers").
-        "decoding.conflict_state_threshold": 0.9,
+        # At the decoded conflict's two sentences, a state is asserted at probability >= 0.95
+        # only, and the decoded contradiction's two states are written only at probability
+        # >= 0.9 (chosen by 5-fold CV on dev: results/cv_minilm/cv_sweep.md).
+        "decoding.conflict_state_threshold": 0.95,
+        "decoding.min_flip_probability": 0.9,
         # Heads and detector start from scratch: a higher peak rate, warm-up and linear decay.
         "train.head_learning_rate": 2e-3,
         "train.schedule": "warmup_linear",

@@ -60,10 +60,12 @@ def test_selection_rules():
 
 @pytest.fixture(scope="module")
 def coherent_run(tmp_path_factory, tiny_config):
-    """A tiny run with the coherent preset: (workdir, config, test metrics)."""
+    """A tiny run with the coherent preset, every decoded contradiction written (a 2-epoch tiny
+    model believes none at the preset's min_flip_probability): (workdir, config, test metrics)."""
     workdir = tmp_path_factory.mktemp("coherent")
     config = tiny_config("coherent")
     config.train.num_epochs = 2
+    config.decoding.min_flip_probability = 0.0
     return workdir, config, train.train_and_evaluate(config, str(workdir))
 
 

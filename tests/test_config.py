@@ -122,11 +122,14 @@ def test_every_committed_old_config_migrates_keeping_its_values_or_names_what_wa
 
 
 def test_old_configs_read_as_the_run_was_configured():
-    # The pruned preset's seed 22 (issue 24): configs/minilm.py as is, but for the compilation
-    # cache and where the weights were installed.
+    # The pruned preset's seed 22 (issue 24): configs/minilm.py before issue 43's CV decided its
+    # protocol and decoding thresholds, but for the compilation cache and where the weights were
+    # installed.
     path = REPO / "results/minilm_coherent_pruned/seed22/config.json"
     migrated = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
     expected = migrate.flatten(json.loads(minilm.get_config().to_json()))
+    expected.update({"data.protocol": "auto", "decoding.conflict_state_threshold": 0.9,
+                     "decoding.min_flip_probability": 0.0})
     local = ("train.compilation_cache_dir", "model.encoder")
     assert {k: v for k, v in migrated.items() if k not in local} == {
         k: v for k, v in expected.items() if k not in local}
