@@ -27,7 +27,7 @@ from trip_jax.data import readers, record_checks
 from trip_jax.evaluation import explorer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PREDICTIONS = REPO / "results" / "minilm_coherent" / "seed22" / "reports" / "test.predictions.jsonl"
+PREDICTIONS = REPO / "results" / "minilm" / "seed22" / "reports" / "test.predictions.jsonl"
 
 # Timed inside the page: a filter change, a search keystroke, then every card rendered.
 MEASURE = """() => {

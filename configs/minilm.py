@@ -17,7 +17,7 @@ conflict_state_threshold 0.95 and min_flip_probability 0.9 from results/cv_minil
 4 epochs and no checkpoint selection (results/cv_minilm/cv_summary.md: the last epoch is the
 best mean consistency + verifiability); learning rate 1e-4 and prng_impl=rbg (faster dropout
 masks on CPU). The previous preset (dev_train with smoothed selection, conflict_state_threshold
-0.9, min_flip_probability 0) and its five seeds: results/minilm_coherent_pruned/.
+0.9, min_flip_probability 0) and its five seeds: results/archive/minilm_coherent_pruned/.
 
 ``configs/minilm.py:reference`` runs the paper's model on MiniLM (lr 5e-5, 10 epochs, the
 default protocol; its runs: docs/results.md). ``:exact`` switches to the original

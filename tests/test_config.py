@@ -18,7 +18,11 @@ from trip_jax.data import features, readers
 from trip_jax.models import encoders, tiered
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OLD_CONFIGS = sorted(REPO.glob("results/**/config.json"))
+# Saved configs of every version: the committed runs (results/archive/ aside, which no test reads)
+# and, in tests/fixtures/saved_configs/, one of each shape the archived runs were saved in.
+SAVED_CONFIGS = REPO / "tests" / "fixtures" / "saved_configs"
+OLD_CONFIGS = sorted(p for p in REPO.glob("results/**/config.json") if "archive" not in p.parts)
+OLD_CONFIGS += sorted(SAVED_CONFIGS.glob("*.json"))
 
 
 def test_every_key_is_declared_once_with_help_and_base_builds_from_the_schema():
@@ -125,7 +129,7 @@ def test_old_configs_read_as_the_run_was_configured():
     # The pruned preset's seed 22 (issue 24): configs/minilm.py before issue 43's CV decided its
     # protocol and decoding thresholds, but for the compilation cache and where the weights were
     # installed.
-    path = REPO / "results/minilm_coherent_pruned/seed22/config.json"
+    path = SAVED_CONFIGS / "minilm_coherent_pruned.seed22.json"
     migrated = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
     expected = migrate.flatten(json.loads(minilm.get_config().to_json()))
     expected.update({"data.protocol": "auto", "decoding.conflict_state_threshold": 0.9,

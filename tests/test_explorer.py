@@ -22,7 +22,7 @@ from trip_jax.data import input_pipeline, readers, record_checks, schema
 from trip_jax.evaluation import evaluate, explorer, predict
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RUN_REPORTS = REPO / "results" / "minilm_coherent" / "seed22" / "reports"
+RUN_REPORTS = REPO / "results" / "minilm" / "seed22" / "reports"
 RUN_PREDICTIONS = RUN_REPORTS / "test.predictions.jsonl"
 CHROMIUM = "/usr/bin/chromium"
 
