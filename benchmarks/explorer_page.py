@@ -1,13 +1,8 @@
-"""How the explorer page copes with ten times the test split (3,510 pairs), in headless Chromium.
+"""How the explorer page copes with many times the test split, in headless Chromium.
 
-Scores a predictions file (default: the committed MiniLM run's test predictions) on the test
-split, repeats its records ``--copies`` times under new pair ids, writes the explorer page
-(``trip_jax.evaluation.explorer.write_page``) and opens it in Debian's Chromium through
-Playwright. Reports the page's size, the time from navigation to the first cards, and the time
-of one filter change, one search keystroke and of rendering every card (the list scrolled to its
-end), each measured inside the page (``performance.now``).
-
-    python -m benchmarks.explorer_page --out benchmarks/results/explorer_page.json
+``python -m benchmarks.explorer_page --out FILE`` repeats a predictions file's records
+``--copies`` times, writes the explorer page and times loading, filtering, searching and
+rendering every card inside the page. Details: docs/explorer.md#speed.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """FLOP counts of the tiered model and the machine's measured matmul peak (for MFU).
 
-Encoder (BERT/RoBERTa layers; DeBERTa's relative-position terms are not counted), for one row
-of T tokens, L layers, width H, feed-forward width I:
-
-    matmul params  N = L · (4·H² + 2·H·I)          (Q, K, V, attention output; FFN in, out)
-    forward        2·N·T  +  L · 4·T²·H             (matmuls; attention scores QKᵀ and A·V)
-    train step     3 × forward                      (forward + backward, which costs 2×)
-    eval step      1 × forward
-
-Model FLOPs of a step count the *real* rows only, at the batch's padded token length T (the
-layout's row padding is waste, so the packed and dense layouts have the same model FLOPs for
-the same pairs); the packed_tokens layout has no per-row T, so its model FLOPs count each real
-row at its own length (its attention stays within a row). ``*_real_tokens`` variants count
-each row at its own length (no token padding either). Embedding look-ups, LayerNorms, softmax
-and the heads/detector are left out of MFU; ``heads_detector_flops`` counts the state heads,
-projections and conflict detector separately (on real rows, and on every (pair, story, entity,
-sentence) slot of the grid, which is what the model computes).
-
-MFU = model FLOPs per second / the peak FLOP/s of one large ``jnp.matmul`` timed in the same run.
+Encoder FLOPs per row from its layers, widths and tokens (train = 3 x forward), heads and
+detector apart; MFU = model FLOP/s over one large ``jnp.matmul``'s rate timed in the same run.
+The formula and what it leaves out: benchmarks/README.md#the-code-file-by-file.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """The GPU check that fits one device lease: every case of a model in one process, JSON after each.
 
-    bash benchmarks/gpu_check.sh OUT_DIR        # on the device (benchmarks/README.md)
-    python -m benchmarks.gpu_check --smoke --parity skip --out /tmp/gpu_check.json  # CPU, seconds
-
-The cases are ``cases.gpu_check_grid``, run in their order in this one process: one CUDA start,
-and one init per model, shared by its adjacent cases (trip-jax: same model, layout, dtype and
-remat, ``train_speed.build`` then ``train_speed.measure`` per case; the eager PyTorch reference:
-same model, ``torch_speed.build`` / ``measure``). First the exact-mode parity tests
-(``PARITY_TESTS``) in a pytest subprocess, before this process takes device memory and so that
-a case cut short by the command's time limit does not take them along (``--parity last``: after
-the cases; ``skip``); then the matmul peak of each dtype (``flops.measure_on_device``, for MFU);
-then the PyTorch reference, whose device memory is handed back (torch's cache emptied) before
-trip-jax's first case: JAX's pool grows on demand and keeps what it took (``gpu_check.sh`` sets
-``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and the share of the device it may take). Issue #42's
-goals (``cases.GPU_GOALS``) are judged on what ran.
-
-After every case the JSON is rewritten (``run.save``: MFU, the ratios to the torch reference,
-the goals, the markdown tables), so a run cut short keeps what finished. Time: the parity tests
-get ``--parity-s`` (their outcomes so far are kept when cut), and a case starts only while
-``--min-case-s`` of ``--budget-s`` is left (after ``--parity-s`` when the tests run last); the
-rest are recorded under ``skipped`` with the reason. A failing case is recorded with its error
-and the next runs. ``--smoke`` shrinks every case (``cases.smoke_case``: a 2-layer width-64
-model, one step, 4 pairs).
+``bash benchmarks/gpu_check.sh OUT_DIR`` on the device; ``python -m benchmarks.gpu_check --smoke
+--parity skip --out FILE`` on CPU. Parity tests, matmul peaks, the PyTorch reference, then
+trip-jax's cases, within a time budget. Details: benchmarks/README.md#the-gpu-check.
 """
 
 from __future__ import annotations

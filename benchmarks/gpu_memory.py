@@ -1,23 +1,8 @@
 """Device memory of the paper configs' train step at batch B, from XLA's memory plans.
 
-Input: the case records of a ``benchmarks.run --paper`` run (``benchmarks.train_speed``): the
-model ``M`` (``M_lN``: N layers) timed at batch 1 (its train step's plan: ``temp_bytes``, and the
-train state's sizes), and XLA's plans of the train step of ``M_l1`` and ``M_l2`` (1 and 2
-layers, the real widths) on the largest batch at each batch size and dtype.
-
-The estimate for L layers, batch B, dtype d (``FORMULA``):
-
-    memory(B, d) = state + batch(B) + temp_l2(B, d) + (L - 2) * layer(B, d)
-    layer(B, d) = temp_l2(B, d) - temp_l1(B, d)
-
-``state``: the parameters and the AdamW state (float32 whatever the compute dtype, as
-measured: ``state.param_bytes + state.opt_state_bytes``); ``batch``: the batch's arrays;
-``temp``: XLA's temporary buffers of the step (activations kept for the backward pass,
-gradients, the optimizer's intermediates); ``layer``: what one more encoder layer adds to them
-(its activations, proportional to the encoder tokens of the largest batch at B, and its
-gradients). The train step donates the state, so its outputs take no memory beyond it.
-``check``: the formula at the full depth over the full-size model's own measured plan (the
-timed case: batch 1, float32). ``benchmarks.report`` prints the estimates (``FORMULA``).
+Input: the case records of a ``benchmarks.run --paper`` run; ``FORMULA`` extrapolates the 1- and
+2-layer plans to the full depth, and ``check`` tests it against the full model's own plan.
+Details: benchmarks/README.md#memory-a-gpu-needs-per-pair.
 """
 
 from __future__ import annotations

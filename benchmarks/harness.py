@@ -1,21 +1,8 @@
 """The benchmarks' one harness: a model's real training objects, its batches, and the timers.
 
-Setup: ``ModelData.load`` builds model NAME's run configuration (``benchmarks.cases``) and
-reads and tokenizes the dev pairs of ``$TRIP_DATA_DIR`` as ``trip_jax.data.input_pipeline`` does;
-``Harness.build`` adds the mesh, the model and, with ``training.step.build_trainer`` (as training
-does), the optimizer, the train state and the jitted train and eval steps. The benchmarks time
-exactly those step functions (encoder + heads + detector + loss + optimizer update).
-
-Batches: ``representative_pairs`` (B pairs spread over the row-count distribution, so a fixed
-batch has about the mean pair size), ``Harness.layout_batch`` (a layout of
-``cases.LAYOUTS``), ``Harness.largest_batch`` (an epoch's largest).
-
-Measuring: ``time_calls`` (the first call, then the median of ``iters`` later calls and their
-CPU time), ``time_compiled`` (a jitted step: ahead-of-time compile apart, then ``time_calls``,
-and XLA's FLOPs and memory plan), ``peak_rss_mib``, ``device_peak_bytes``, ``batch_info``,
-``rates``, ``state_sizes`` and ``jaxpr_equations`` (a step's program size, without
-compiling). ``case_main`` is the command line of a per-case worker (``--case JSON --out
-FILE``), which ``benchmarks.run`` starts in its own process per case.
+``ModelData.load`` and ``Harness.build`` build what training builds (``build_trainer``), so the
+benchmarks time exactly those steps; batches, timers, memory measures and ``case_main``, the
+per-case worker's command line. Details: benchmarks/README.md#the-code-file-by-file.
 """
 
 from __future__ import annotations

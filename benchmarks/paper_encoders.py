@@ -1,18 +1,8 @@
 """Local encoder directories of the paper's encoders at their real shapes, with random weights.
 
-The paper configs (``configs/roberta.py``, ``bert.py``, ``deberta.py``) name hub checkpoints,
-which this machine cannot fetch. ``encoder_dir(name)`` writes what a user's download holds in
-their place: ``config.json`` with the published hyperparameters (``PAPER_ENCODERS``) and
-``model.safetensors`` written by the transformers PyTorch class (random initialisation, PyTorch
-parameter names), so ``--config.model.encoder=DIR`` loads it through the real conversion path
-(``trip_jax.models.weights``). A step's cost and memory do not depend on the weights' values.
-
-``num_layers`` gives a reduced model of the same structure (same widths, vocabulary and
-attention kind, fewer layers) for tests and for the per-layer memory slope. The directories
-are cached under ``$TMPDIR/trip_jax_paper_encoders`` (rewritten when the config differs).
-
-The directories hold no tokenizer: ``benchmarks.cases.stand_in_tokenizer`` names the
-stand-in the benchmarks use (no hub here).
+``encoder_dir(name, num_layers=...)`` writes ``config.json`` (``PAPER_ENCODERS``) and PyTorch
+``model.safetensors`` for ``--config.model.encoder=DIR``; no tokenizer (``stand_in_tokenizer``).
+Details: benchmarks/README.md#the-code-file-by-file.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Train/eval throughput, MFU, memory, compile time and epoch time of the tiered model: one command.
 
-    python -m benchmarks.run --out benchmarks/results/cpu.json          # the CPU grid
-    python -m benchmarks.run --smoke --out /tmp/smoke.json              # seconds-size check
-
-The GPU's check, one process for every case of a model, is ``benchmarks.gpu_check``.
-
-The grids, layouts, models and targets are the tables of ``benchmarks.cases``. Every case
-(model × layout × batch size) runs in its own process (``benchmarks.train_speed``
-for trip-jax's steps, ``benchmarks.torch_speed`` for the eager PyTorch reference's layouts
-``torch_padded`` and ``torch_rows``) so that its peak memory is its own; so do the epoch
-curves (``benchmarks.epoch_time``) and the matmul peak (``benchmarks.flops``), measured at the
-start and at the end of the run (MFU uses the better one). The JSON holds the environment, the
-load average before every case, each case's record, the cases left out of the grid and why,
-the layout/reference ratios, every trip-jax case's pairs/s over the PyTorch reference's of the
-same model and mode (``torch_ratios``), the MiniLM targets of issue #15 (``targets``) and the
-markdown summary (``benchmarks.report``). Data: the dev pairs of ``$TRIP_DATA_DIR``.
-
-``--models``, ``--batch-sizes``, ``--layouts``, ``--skip-curves``, ``--dtype``, ``--remat``,
-``--prng-impl`` and ``--compile-cache`` narrow or change the grid for before/after
-experiments (``python -m benchmarks.report A.json B.json`` compares the runs).
+``python -m benchmarks.run --out FILE`` (``--smoke``: seconds) runs every case of a grid
+(``benchmarks.cases``) in its own process and writes one JSON with ratios, targets and tables;
+the GPU's runner is ``benchmarks.gpu_check``. Details: benchmarks/README.md.
 """
 
 from __future__ import annotations

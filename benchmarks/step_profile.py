@@ -1,31 +1,8 @@
 """Where a train step's time goes: the step taken apart into separately jitted pieces.
 
-For one model, layout and batch (the representative pairs ``benchmarks.train_speed`` times),
-this times, each as its own jitted program on the same batch and parameters (medians of
-``--iters`` runs after a compile and a first run):
-
-- ``train_step``: the real step of ``trip_jax.training.step`` (forward, backward, AdamW, norms);
-- ``loss_and_grad``: forward and backward with dropout, no optimizer;
-- ``encoder_grad``: the encoder alone, forward and backward (a loss on the rows' vectors);
-- ``encoder_forward``: the encoder alone, forward with dropout;
-- ``optimizer``: the optimizer update and ``apply_updates`` on gradients of the same shapes;
-- ``eval_step``: the evaluator's step (deterministic forward, losses);
-
-and derives ``heads_detector_loss_grad`` = loss_and_grad - encoder_grad (state heads,
-projections, detector and losses, forward and backward) and ``rest`` = train_step -
-loss_and_grad - optimizer (norms and the step's bookkeeping). The shares say which part a
-faster step must shrink.
-
-    python -m benchmarks.step_profile --model minilm --layout packed_tokens --batch-size 1 \\
-        --out /tmp/profile.json
-
-With ``--equations`` it times nothing and compiles nothing: for each model of ``--model``
-(comma-separated) it counts the jaxpr equations of the real train and eval steps
-(``harness.jaxpr_equations``, traced on the shapes of the train state), the size of the program
-XLA is given, which grows with depth where layers are unrolled:
-
-    python -m benchmarks.step_profile --equations --model tiny,large_l2,large_l4 \\
-        --layout packed_tokens --batch-size 8 --out benchmarks/results/jaxpr_equations.json
+``python -m benchmarks.step_profile --model M --layout L --batch-size B --out FILE`` times each
+piece; with ``--equations`` it compiles nothing and counts the steps' jaxpr equations.
+Details: benchmarks/README.md#the-code-file-by-file, #program-size-jaxpr-equations.
 """
 
 from __future__ import annotations

@@ -1,38 +1,8 @@
 """Times the eager PyTorch reference step on the pairs that the trip-jax cases time.
 
-The reference (``trip_jax/models/torch_reference.py``) is the same-run baseline of every
-benchmark table. A case runs in its own process (``benchmarks.run`` starts one per case) so
-that its peak memory is its own. Layouts:
-
-- ``torch_padded``: as the reference ran. The pairs are encoded as the reference encoded them
-  (rows cut at 16 tokens, token types zero), padded to the data's largest entity count x 7
-  sentences x 16 tokens, and every cell of that grid is an encoder row
-  (``ReferenceModel.forward_padded``).
-- ``torch_rows``: only the rows on real cells of trip-jax's dense batch of the same pairs (E
-  and T bucketed per batch, the config's buckets), at that token length T, plus the one padding
-  row whose vector fills the padding cells (``ReferenceModel.forward_rows``).
-
-Batches: ``batch_size`` pairs picked as the trip-jax cases pick them
-(``harness.representative_indices``), batched into one torch step over their (B, 2, E, S) grid
-(``"pairs_per_step": "batched"`` in the record). Steps: train = forward + the four losses +
-backward + ``clip_grad_norm_`` + transformers-style AdamW with the config's learning rate,
-betas, eps, weight decay, clip norm and loss weights (``torch_reference.train_step``); eval =
-forward in eval mode under ``torch.no_grad()``. Each mode runs ``warmup`` untimed steps, then
-``iters`` timed ones (steady state = their median; ``harness.time_calls``). Eval runs before
-train, as in ``benchmarks.train_speed``. Weights are torch's random initialisation: a step's
-cost does not depend on their values. Threads: ``torch.set_num_threads(os.cpu_count())``, with
-``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it: torch's OpenMP threads otherwise
-spin at every barrier, and on a shared CPU one descheduled thread stalls the rest
-(benchmarks/README.md has the measured cost). The record says which policy ran
-(``omp_wait_policy``).
-
-Device and precision: the GPU where torch sees one (``device`` in the case), else the CPU;
-``dtype`` float32 (on a GPU with TF32 matmuls allowed, as the authors ran) or bfloat16
-autocast around the forward pass. ``build`` and ``measure`` are the two halves of
-``run_case``: ``benchmarks.gpu_check`` builds the model once and measures several cases on it.
-
-    python -m benchmarks.torch_speed --case '{"model": "tiny", "layout": "torch_rows",
-        "batch_size": 1, "iters": 1}' --out /tmp/torch_case.json
+``python -m benchmarks.torch_speed --case JSON --out FILE``: one case a process, layouts
+``torch_padded`` (as the reference ran) and ``torch_rows``; ``build`` / ``measure`` serve
+``gpu_check``. Details: benchmarks/README.md#the-pytorch-reference-in-the-same-run.
 """
 
 from __future__ import annotations

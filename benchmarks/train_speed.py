@@ -1,18 +1,8 @@
 """Times the real jitted train and eval steps of one (model, layout, batch size) case.
 
-A case runs in its own process (``benchmarks.run`` starts one per case) so that its peak memory
-is its own. Steps, in order: build the harness (data, model, state, step functions), build one
-fixed batch (host time), copy it to the device (host→device time), then for eval and train:
-compile ahead of time (compile time, XLA's FLOP count and memory plan), one first run, and
-``iters`` timed runs (steady state = their median; ``harness.time_compiled``). Eval runs before
-train because the train step donates (consumes) the state.
-
-Layouts: ``cases.LAYOUTS`` (the config overrides and the batch of each). The eager PyTorch
-reference's cases are ``benchmarks.torch_speed``. ``build`` and ``measure`` are the two halves
-of ``run_case``: ``benchmarks.gpu_check`` builds a model once and measures several cases on it.
-
-    python -m benchmarks.train_speed --case '{"model": "tiny", "layout": "packed_tokens",
-        "batch_size": 2, "iters": 1}' --out /tmp/case.json
+``python -m benchmarks.train_speed --case JSON --out FILE``: one case a process; host, transfer,
+compile and steady-state times, XLA's FLOPs and memory plan; ``build`` / ``measure`` serve
+``gpu_check``. Details: benchmarks/README.md#the-code-file-by-file.
 """
 
 from __future__ import annotations

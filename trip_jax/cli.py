@@ -1,19 +1,8 @@
 """Command-line parsing for ``trip_jax.main``: every mistake in the flags is one line, exit 2.
 
-absl and ml_collections report a bad command line in several ways: a FATAL message with a
-usage hint (unknown flag, bad value), a Python traceback (misspelt config key, a config file
-that raises), or nothing until the config is first used (a config file that does not exist).
-``flags_parser(...)`` returns a parser for ``absl.app.run(main, flags_parser=...)`` that parses
-the flags, loads the config, checks the choice-valued config keys and, with ``config_check``
-(main's is ``trip_jax.config.checks``), the value ranges, and turns any of those failures into
-one line on stderr naming the key and its closest valid spelling or its allowed values:
-
-    error: unknown config key --config.train.learnin_rate; did you mean --config.train.learning_rate?
-
-followed by exit status 2 (the usual status of a command-line usage error).
-
-``terminal_setup()``, called first by every entry point, keeps the rest of the terminal to one
-line a message: warnings print as ``warning: ...`` without Python's source line.
+``flags_parser(...)`` (for ``absl.app.run``) parses the flags, loads and checks the config and
+turns absl's and ml_collections' failures into one ``error: ...`` line naming the key and what is
+allowed; ``terminal_setup()`` keeps warnings to one line. Details: docs/reference.md#allowed-values.
 """
 
 from __future__ import annotations

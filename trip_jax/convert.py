@@ -1,22 +1,8 @@
-r"""Imports a TRIP authors' saved model into a workdir: ``python -m trip_jax.convert
---authors_model=PATH/classifiers.pth --workdir=W [--encoder=HUB_NAME_OR_DIR] [--config=FILE]``.
+r"""Imports a TRIP authors' saved model into a workdir, reading the pickle without torch.
 
-Reads the pickled ``TieredModelPipeline`` without torch and without running anything it names
-(``trip_jax.interop.torch_pickle``), maps every tensor onto this project's parameter tree
-(``trip_jax.interop.authors_model``) and writes W as a training run would leave it:
-``config.json`` (``--config``, default ``configs/FAMILY.py`` of the pickled encoder, in the
-exact mode with the reference decoding; the encoder, detector sizes, sentence count and loss
-weights taken from the pickle), ``encoder_config.json``, ``tokenizer/`` and one checkpoint
-``checkpoints/selected/0`` that is restored and compared before W appears. Then
-``python -m trip_jax.main --config=FILE --workdir=W --mode=evaluate`` (or ``--mode=predict``)
-and ``python -m trip_jax.score`` read W unchanged; the command to use is printed.
-
-``--encoder`` (a hub name or a directory with the tokenizer files) is needed only where the
-pickled encoder config does not name the model it was loaded from. Bad input (a file that is
-not a readable torch archive, a global outside the allow-list, a model without state heads, an
-unsupported encoder family or ablation, a tokenizer that cannot be loaded, a workdir that already
-holds something) is one ``error: ...`` line, exit status 2, and nothing is written.
-Details: docs/convert.md.
+``python -m trip_jax.convert --authors_model=PATH/classifiers.pth --workdir=W`` writes W as a
+training run leaves it (config, tokenizer, ``checkpoints/selected/0``) for ``--mode=evaluate`` /
+``predict`` and ``trip_jax.score``; bad input is one line, exit 2. Details: docs/convert.md.
 """
 
 from __future__ import annotations

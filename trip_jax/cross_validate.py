@@ -1,10 +1,8 @@
 """K-fold cross-validation of one config: ``--mode=cross_validate``.
 
-``cross_validate(config, workdir)`` trains the config once per fold of dev (protocol ``dev_cv``)
-in ``WORKDIR/foldF``, skipping finished folds and resuming an interrupted one. As a fold ends,
-its last checkpoint is decoded on the held-out fold under every combination of ``cv.sweep``
-into ``foldF/sweep.json``; after each fold the summaries over the folds so far are written from
-those files alone (``WORKDIR/cv_summary.*``, ``WORKDIR/cv_sweep.*``). Test is never read.
+``cross_validate(config, workdir)`` trains once per fold of dev in ``WORKDIR/foldF`` (resuming),
+decodes each fold's last checkpoint under every ``cv.sweep`` combination into ``foldF/sweep.json``
+and writes ``WORKDIR/cv_summary.*`` and ``cv_sweep.*`` from those files. Test is never read.
 """
 
 from __future__ import annotations

@@ -1,36 +1,8 @@
 """Command line entry: ``python -m trip_jax.main --config=configs/minilm.py --workdir=DIR``.
 
-``--mode=train`` (default) trains, or resumes, in the workdir and then scores the best
-checkpoints on test; ``--mode=cross_validate`` trains once per fold of dev in ``DIR/foldF`` and
-writes ``DIR/cv_summary.{json,md}`` (``trip_jax.cross_validate``). Config keys are overridden with ``--config.SECTION.KEY=VALUE``; a misspelt
-key is an error. Multi-process runs (SLURM, Cloud TPU, explicit TRIP_* variables) are joined
-first (``trip_jax.runtime.distributed``). Other modes, on a trained workdir:
-
-- ``--mode=evaluate [--checkpoint=selected|best_accuracy|latest|STEP] [--split=test]``:
-  scores a checkpoint (with a progress bar), writes ``DIR/eval/SPLIT.KIND-STEP.*``
-  (``trip_jax.evaluation.evaluate``);
-- ``--mode=predict --input=FILE [--output=FILE] [--checkpoint=...]``: explains new story pairs
-  (``trip_jax.evaluation.predict``);
-- ``--mode=random_baseline [--split=test]``: prints the random baseline's mean ± std over its
-  seeds and writes ``DIR/eval/random_baseline.SPLIT.*`` (``trip_jax.evaluation.random_baseline``).
-
-A bad command line (unknown flag or config key, a value of the wrong type, outside its choices
-or its range (``trip_jax.config.checks``, read off the schema ``trip_jax.config.sections``),
-mesh sizes or a batch size that do not fit the devices, a config file that does not load) is
-one ``error: ...`` line naming the key and what is allowed, with exit status 2, before any work
-starts (``trip_jax.cli``). A missing, unreadable or mismatched checkpoint (one whose arrays differ
-from their saved checksums included), an old config it cannot read, missing data or spaCy
-model, or unusable input ends the run with a one-line ``error: ...`` message and exit status 1;
-a workdir held by another training run, or an encoder or tokenizer hub name that neither the
-local cache nor the hub provides (``trip_jax.runtime.hub``), with exit status 2. Warnings print
-as one line each (``cli.terminal_setup``).
-
-The config is not printed: training saves it as ``WORKDIR/config.json`` (one log line names it).
-``--show_config`` prints the resolved config to stdout and exits 0, running no mode and leaving
-the workdir untouched (``--workdir`` is still required, as for any command). ``--mode=predict``
-logs warnings and errors only (an explicit ``--verbosity`` still applies). Reports name the model
-``ENCODER (PRESET, seed SEED)``, read off the config (``evaluate.model_name``); ``--name`` sets
-another name for the reports of this command.
+``--mode`` is train (default), cross_validate, evaluate, predict or random_baseline; config keys
+are overridden with ``--config.SECTION.KEY=VALUE``. A bad command line is one ``error:`` line,
+exit 2; a failed run, exit 1. Details: README.md, docs/reference.md#allowed-values.
 """
 
 from __future__ import annotations

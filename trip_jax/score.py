@@ -1,20 +1,8 @@
 """Scores any system's TRIP predictions with this project's metrics and writes the full report.
 
-``python -m trip_jax.score --predictions=FILE --out=DIR [--format=auto|authors|trip_jax|minimal]
-[--data_dir=DIR | --data_file=FILE] [--split=test] [--scheme=paper] [--missing=error|wrong]
-[--name=ROW]`` reads the entries (``trip_jax.evaluation.prediction_formats``), matches each to a pair of the
-split (``trip_jax.evaluation.prediction_matching``: by pair id in any form, else by the stories' text; gold
-labels from the data), scores them with ``metrics.scored_pairs`` and writes what
-``--mode=evaluate`` writes (``reports.write_report``, with the random baseline of the same pairs
-and the curated / implicit tiers); it prints the three tiers in percent and the pair count.
-
-Guarantees: any problem with the input (malformed entry, unknown pair, entity, attribute or value,
-sentence out of range, duplicate, pairs of the split missing unless ``--missing=wrong``) is one
-``error: ...`` line naming the line or element and the field (at most ``MAX_PROBLEMS``), exit
-status 2, nothing scored. Gold labels or outcome flags of the file that differ from the data's
-are listed under ``disagreements``, not errors. What a file cannot give (the macro-F1s, the
-decodings side by side) is ``None`` / "–", never estimated. Formats and a worked example:
-docs/scoring.md.
+``python -m trip_jax.score --predictions=FILE --out=DIR [--format=...] [--split=test] ...`` reads,
+matches and scores the entries and writes what ``--mode=evaluate`` writes; any problem with the
+input is one line per problem, exit 2, nothing scored. Details: docs/scoring.md.
 """
 
 from __future__ import annotations

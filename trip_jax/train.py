@@ -1,16 +1,8 @@
 """Training: the loop, from a config and a workdir to the final test reports.
 
-``train_and_evaluate(config, workdir)`` trains on the protocol's train pairs, evaluates on its
-selection pairs after every epoch (and every ``eval_every_steps``) with ``evaluate.Evaluator``,
-keeps the latest and the best checkpoints, then scores the selected and best-accuracy
-checkpoints on test and writes the reports (``evaluate.write_checkpoint_report``). Data comes from
-``trip_jax.data.input_pipeline``; the optimizer, state shardings and jitted steps from
-``trip_jax.training.step.build_trainer``. Re-running the same command resumes from the latest
-checkpoint and reaches the same parameters as an uninterrupted run: the data order depends only on
-(seed, epoch) and the dropout key only on (seed, step).
-
-Outputs in the workdir: ``metrics.jsonl`` and ``tensorboard/`` (``trip_jax.training.metric_log``),
-``checkpoints/`` (``trip_jax.training.checkpoints``), ``reports/`` (``trip_jax.evaluation.evaluate``).
+``train_and_evaluate(config, workdir)`` trains, evaluates on the selection pairs after every
+epoch, keeps the latest and best checkpoints and scores the best ones on test; re-running it
+resumes to the same parameters. Details: docs/reference.md#training.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The command line's checks of a config, read off the schema (``trip_jax.config.sections``).
 
-``CHOICES`` (dotted key -> the values of its ``Literal``) and ``RANGES`` (dotted key -> the
-``Rule`` declared next to its field) are derived from the section dataclasses; ``CROSS_RULES``
-are the few rules between keys. ``check_config(config)`` raises ``cli.UsageError`` with one
-line naming the key, its value and what is allowed, for the first key that is missing from the
-config, not in the schema, outside its range or breaking a rule between keys:
-
-    bad value for --config.train.batch_size: -3 (allowed: >= 1)
-
-(``cli.check_config_choices`` reports the choice keys against ``CHOICES`` first; the checks
-that need the device count are ``trip_jax.main.check_devices``.) docs/reference.md
-("Allowed values") lists the rules.
+``CHOICES`` and ``RANGES`` (dotted key -> allowed values / ``Rule``) come from the section
+dataclasses, ``CROSS_RULES`` relate keys; ``check_config(config)`` raises ``cli.UsageError`` with
+one line for the first bad key. Details: docs/reference.md#allowed-values.
 """
 
 from __future__ import annotations

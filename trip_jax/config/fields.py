@@ -1,10 +1,8 @@
 """How a config key is declared: a dataclass field with its default, type, allowed values and help.
 
-``option(default, help, rule)`` declares one key of a section dataclass (``Section``): its type is
-the field's annotation (a ``typing.Literal`` lists a choice key's values), ``rule`` (a ``Rule``)
-says which numbers or strings it allows, ``help`` is one line. Everything else is read off these
-declarations: ``keys(cls)`` lists every key by dotted path, ``config_dict(cls)`` builds the
-``ml_collections.ConfigDict`` of the defaults, and constructing a ``Section`` checks its values.
+``option(default, help, rule)`` declares one key of a ``Section`` (its type: the annotation, a
+``Literal`` for choices); ``keys(cls)`` lists every key by dotted path, ``config_dict(cls)`` builds
+the ConfigDict of the defaults, and constructing a ``Section`` checks its values.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Reading a saved config (a workdir's config.json, a checkpoint's meta) written by any version.
 
-``migrate(values, where)`` takes the saved config as plain JSON values and returns it at
-``CONFIG_VERSION``: every key of the schema present, at the value that reproduces how the run
-was trained and decoded. A config without ``config_version`` is version 0 (everything saved
-before versions were written); each step ``STEPS[v]`` takes version v to v + 1 by
-
-- ``renamed``: old dotted key -> its new name;
-- ``removed``: a key no longer read -> the one value that behaves as the code does without it
-  (any other value is a behaviour this version cannot reproduce: ``ConfigError``);
-- ``dropped``: keys no longer read, whatever their value (only retired code read them);
-- ``added``: a key added since -> the value that behaves as the code did before it existed;
-- ``defaults``: every other missing key takes its schema default (version 0 only: those configs
-  were written over many versions, and the code read an absent key as its default).
-
-A key that is still unknown afterwards, or still missing, is a ``ConfigError`` naming it and
-``where``. Readers of saved configs call this and nothing else (no ``.get(key, default)``).
+``migrate(values, where)`` takes saved JSON values and returns them at ``CONFIG_VERSION`` through
+the ``STEPS`` (one ``Step`` per version); what cannot be read is a one-line ``ConfigError``.
+Readers of saved configs call this and nothing else. Details: docs/reference.md#allowed-values.
 """
 
 from __future__ import annotations

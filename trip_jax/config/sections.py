@@ -1,14 +1,8 @@
 """The config schema: one dataclass per section, the one place of every key's default, type,
 allowed values and help.
 
-``Config`` is the whole config (sections data, model, loss, train, decoding, cv, mesh, and the
-labels preset and config_version); ``fields.config_dict(Config)`` is the ConfigDict that
-``configs/base.py`` starts from, ``fields.keys(Config)`` every key by dotted path. The defaults
-are the reference's (the paper's model, trained and decoded as the paper did) except where a
-help line says otherwise; ``configs/base.py`` sets the keys of a mode and a preset on top. The
-code reads the ConfigDict; ``TieredConfig``, ``LossConfig`` and ``DecodingConfig`` are also
-built as objects (``from_mapping``) by the model, the loss and the decoding. What each option
-does and its measured effect: docs/reference.md ("Options"), docs/exact-mode.md.
+``Config`` is the whole config; ``fields.config_dict(Config)`` is what ``configs/base.py`` starts
+from. Defaults are the reference's unless a help line says otherwise. Details: docs/reference.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Command line for the TRIP data: ``python -m trip_jax.data COMMAND [--flags]``.
 
-Commands:
-  stats          Table-1 statistics of every split found (``--json`` for JSON).
-  download       fetch the authors' release www_2s_new.json into ``--dest``.
-  tfds_build     build the tfds ``trip`` dataset (array_record) from ``--manual_dir``.
-  entities_eval  recall / precision of spaCy entity extraction against the annotated entities.
-
-``--data_dir`` defaults to ``$TRIP_DATA_DIR``.
+Commands: ``stats`` (Table-1 statistics), ``download`` (the authors' release), ``tfds_build``
+(the tfds ``trip`` dataset), ``entities_eval`` (spaCy entities against the annotation).
+``--data_dir`` defaults to ``$TRIP_DATA_DIR``. Details: README.md#data.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The batch contract: every array a batch and the model's outputs hold, in one table.
 
-Named dimensions:
-
-- ``B`` pairs in the batch (this process's share of the global batch), ``2`` stories per pair,
-  ``E`` entity slots per story, ``S`` sentence slots (``data.max_sentences``), ``A`` the 20
-  attributes (``schema.ATTRIBUTES``), ``C`` classes per attribute head (``schema.MAX_CLASSES``);
-- the encoder arrays and their dimensions are declared by each layout
-  (``trip_jax.data.layouts``: ``Layout.fields``): ``N`` sequences of ``L`` tokens that the
-  encoder reads, ``R`` encoder rows (each starts at ``row_start`` and sits on cell
-  ``row_index``) and, for packed_tokens, ``K`` (story, entity) tracks.
-
-Every (pair, story, entity, sentence) cell of the ``[B, 2, E, S]`` grid is one row, real or
-padding; ``row_index`` places each encoder row in the flattened grid, and a padding row points
-one past its end (``B*2*E*S``). The model reads the encoder's output at ``row_start`` (a flat
-token index into the ``[N, L]`` sequences) as the row's embedding. ``INDEX_SPACES`` names the
-index arrays and what they index, so that ``input_pipeline.global_batch`` can move them to the
-global batch without knowing the layout. Producers: the layouts (through ``data.batching`` and
-``trip_jax.data.input_pipeline``) and ``builders.example_batch``; consumers: the model, the losses,
-the train and eval steps, the evaluator. ``check_batch`` and ``check_outputs`` check an
-instance (tests call them on every producer). docs/reference.md, "Batch contract".
+Dimensions ``B`` pairs, ``2`` stories, ``E`` entities, ``S`` sentences, ``A`` attributes, ``C``
+classes, and each layout's encoder arrays (``Layout.fields``); ``INDEX_SPACES`` names the index
+arrays; ``check_batch`` / ``check_outputs`` check one. Details: docs/reference.md#batch-contract.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Deterministic batching of encoded pairs into Batch dicts, for one or many processes.
 
-The rule, exactly:
-1. Epoch order: ``arange(n)``, or with ``shuffle`` the permutation drawn by
-   ``np.random.default_rng([seed, epoch])``; the same (n, seed, epoch) always gives the same order.
-2. Global batch g holds the pairs at order[g*batch_size : (g+1)*batch_size]. A last, partial
-   global batch is padded at its end with empty pairs (pair_mask False, pair_index -1), or
-   dropped with ``drop_remainder``. Every process yields the same number of batches,
-   ``num_batches(n, batch_size, drop_remainder=...)``.
-3. Process p of P builds the contiguous slice [p*L, (p+1)*L) of every global batch,
-   L = batch_size / P (batch_size must be divisible by P). The slices of all processes are
-   disjoint and, in process order, make up the global batch: this is the order in which
-   ``jax.make_array_from_process_local_data`` assembles a batch sharded over devices.
-4. The layout (``trip_jax.data.layouts``) chooses each batch's padded sizes from the whole
-   global batch, so every process builds the same shapes, and builds the process's slice in
-   ``shards_per_process`` equal pieces, one per device.
-``pair_index`` always holds indices into the full ``encoded_pairs`` list.
+The epoch order depends only on (seed, epoch); a last partial batch is padded with empty pairs
+(or dropped); process p builds the contiguous p-th slice of every global batch, in one piece per
+device. Details: docs/reference.md#hand-written-parts-and-why ("Batching").
 """
 
 from __future__ import annotations

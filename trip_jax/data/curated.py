@@ -1,13 +1,8 @@
 """The curated marker: which pairs HAR's curated files hold, and the tiers split by it.
 
-HAR publishes a subset of TRIP's pairs per split as ``{split}_curated.har.jsonl``
-(``MARKER_FILE``). A pair is *curated* when its two stories' sentences, in order, equal those of
-a pair of the marker file of the split it was read from (``source_split``: the held-out slice and
-``dev_train``'s training pairs come from dev), *implicit* otherwise; matching by content works
-whatever file format and pair ids the split was read with. ``marker_split(records, curated)``
-gives accuracy / consistency / verifiability (of the chosen decoding and of every decoding in the
-records' ``by_decoding``) for each half; with no marker file it says so (``found`` False) and
-never fails. What the curated pairs are: docs/reference.md, "Metrics".
+A pair is curated when its stories' sentences equal those of a pair of ``MARKER_FILE`` for its
+source split; ``marker_split(records, curated)`` gives the tiers of each half, and says so
+(``found`` False) when there is no marker file. Details: docs/reference.md#metrics.
 """
 
 from __future__ import annotations

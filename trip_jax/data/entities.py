@@ -1,15 +1,8 @@
 """Entities of stories given as plain sentences, from spaCy noun chunks (paper, §2.2 note 5).
 
-Each noun chunk gives one entity name: determiners, possessives, numbers and punctuation are
-dropped ("the hot pizza" → "hot pizza", "her socks" → "socks", "eight slices" → "slices");
-pronoun chunks are skipped (they refer to entities named elsewhere). Names are lower-cased except
-proper nouns. An entity is human when its head is a capitalised proper noun (not an acronym such as
-"TV") that spaCy tags as a PERSON or that is a subject. This follows the TRIP annotation, where
-the human attributes are given to named people only ("John", "Ann"); common nouns for people
-("friend", "wife") carry object attributes there and are treated as objects here too.
-
-``evaluate`` measures how well this recovers annotated entity lists (``python -m trip_jax.data
-entities_eval``).
+``find_entities`` gives a story's entities (humans flagged) for ``--mode=predict``;
+``evaluate`` measures it against annotated entity lists (``python -m trip_jax.data
+entities_eval``). The rules: docs/reference.md#task-and-data ("Side tools").
 """
 
 from __future__ import annotations

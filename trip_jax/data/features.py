@@ -1,16 +1,8 @@
 """Features: typed story pairs -> tokenized rows -> Batch arrays (the Batch contract).
 
-One encoder row per (story, entity, sentence): the tokenizer's sentence-pair encoding with the
-entity first and the sentence second (docs/reference.md, "Encoder input"). ``encode_pairs``
-tokenizes every distinct (entity, sentence) text once and keeps each row's tokens unpadded, so the
-token length T is chosen later, per batch, from the data. Rows are never cut silently:
-``truncation_report`` says how many rows a given T cuts, and ``encode_pairs(max_length=...)`` logs a
-warning with that count.
-
-``grid`` lays a list of encoded pairs out on the [B, 2, E, S] grid of the batch contract: the
-per-pair arrays (mask, labels) and the real rows in (pair, story, entity, sentence) order; the
-layouts (``trip_jax.data.layouts``) turn those rows into encoder arrays. ``Buckets`` rounds E and
-T up to small sets of values so that jit sees few shapes; S is fixed (``max_sentences``).
+``encode_pairs`` tokenizes each distinct (entity, sentence) once, unpadded and never cut silently
+(``truncation_report``); ``grid`` lays encoded pairs on the [B, 2, E, S] grid; ``Buckets`` rounds
+E and T up so jit sees few shapes. Details: docs/reference.md#encoder-input.
 """
 
 from __future__ import annotations

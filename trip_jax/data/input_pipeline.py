@@ -1,17 +1,8 @@
 """From data files to batches: protocol splits, tokenizer, encoding and batch streams.
 
-Everything that turns TRIP files into the batch contract's arrays (``trip_jax.data.batch_contract``)
-goes through here, for training, evaluation, prediction and the benchmarks alike:
-
-- ``layouts.from_config(config.data)`` (``trip_jax.data.layouts``): how pairs are encoded and
-  laid out, one object passed around;
-- ``prepare_data(config)``: the protocol's splits (``trip_jax.data.protocol``), the config's tokenizer
-  and every pair encoded (``RunData``);
-- ``encode(pairs, tokenizer, layout)``: typed pairs to unpadded token rows;
-- ``batch_stream(encoded, layout, batch_size, ...)``: this process's batches of one epoch, in the
-  deterministic order of ``trip_jax.data.batching`` (fixed by seed and epoch only, so a resumed
-  run sees the same batches);
-- ``split_pairs(splits, name)``: one split of a protocol by name.
+Every path from TRIP files to the batch contract's arrays goes through here (training, evaluation,
+prediction, benchmarks): ``prepare_data``, ``encode``, ``batch_stream`` (deterministic in seed and
+epoch), ``global_batch`` and ``split_pairs``; the layout comes from ``layouts.from_config``.
 """
 
 from __future__ import annotations

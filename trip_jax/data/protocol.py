@@ -1,16 +1,7 @@
 """Evaluation protocols: which pairs train the model, which select the checkpoint, which score it.
 
-- ``standard``: train on train, select on dev, score on test (the paper's protocol).
-- ``dev_train``: for data without a train split (as here): train on dev minus a held-out slice,
-  select on that slice, score on test. The slice is a fixed share of dev's *plausible stories*,
-  drawn with ``holdout_seed``; every pair built from a held-out plausible story is held out, so no
-  story is seen in training and in selection.
-- ``dev_cv``: K-fold cross-validation on dev (``cv_folds``): train on every fold but
-  ``fold``, score that fold after every epoch; test is never read.
-- ``dev_all``: train on all of dev, no selection (the last step is the model), score on test.
-- ``auto``: ``standard`` when the data has a train split, else ``dev_train`` (logged).
-
-The resolved protocol name goes into every report.
+``standard``, ``dev_train``, ``dev_cv``, ``dev_all`` and ``auto`` (``data.protocol``); the
+resolved protocol name goes into every report. Details: docs/reference.md#task-and-data.
 """
 
 from __future__ import annotations

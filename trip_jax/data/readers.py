@@ -1,16 +1,8 @@
-"""Readers: the three TRIP file formats → typed ``StoryPair`` lists.
+"""Readers: the three TRIP file formats (``cgli``, ``har``, ``release``) -> typed ``StoryPair`` lists.
 
-Formats (docs/reference.md, "Task and data"):
-
-* ``cgli``: JSON Lines, one story a line, two consecutive lines form one pair (``*.cgli.jsonl``).
-* ``har``: JSON Lines, one pair a line (``*.har.jsonl``).
-* ``release``: the authors' ``www_2s_new.json``, ``[cloze, order]`` with
-  ``cloze = {partition: [pair, ...]}`` and per-sentence raw change-direction labels.
-
-The format is detected from the file name, else from its content, or named by the caller.
-Bad input raises ``TripDataError`` naming the file, the line or pair, and the field. Incomplete
-data that can be repaired without guessing (states for fewer sentences than a story has) is
-padded with zeros and reported in one ``TripDataWarning`` per file with the count.
+The format is detected from the file name, else its content, or named by the caller. Bad input
+raises ``TripDataError`` naming the file, the line or pair and the field; repairable gaps are
+padded and reported in one ``TripDataWarning`` per file. Details: docs/reference.md#task-and-data.
 """
 
 from __future__ import annotations

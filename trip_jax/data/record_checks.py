@@ -1,9 +1,8 @@
 """Checks and repairs of TRIP records, shared by the readers of every format.
 
-Each check takes a value, ``where`` (the file and the line or pair) and the field name, and
-returns the checked value or raises ``TripDataError`` naming all three. ``Report`` collects the
-repairs made while reading one file (padded or overwritten states, conflicts off the
-breakpoint) and warns once per file (``TripDataWarning``).
+Each check takes a value, ``where`` (file and line or pair) and the field name, and returns the
+checked value or raises ``TripDataError`` naming all three; ``Report`` collects one file's
+repairs and warns once per file (``TripDataWarning``).
 """
 
 from __future__ import annotations

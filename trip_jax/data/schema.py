@@ -1,9 +1,8 @@
 """The TRIP ontology in one place: attributes, label spaces, defaults and readable names.
 
-Everything here follows docs/reference.md, "Task and data": the 20 attributes in dataset order, the
-class count of each precondition/effect head, the values that carry no evidence (used by the
-verifiability metric), the raw change-direction labels of the authors' release and words for
-every label (used in explanations).
+The 20 attributes in dataset order, each head's class count, the values that carry no evidence,
+the release's raw change-direction labels and words for every label.
+Details: docs/reference.md#task-and-data.
 """
 
 from __future__ import annotations

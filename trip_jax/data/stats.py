@@ -1,10 +1,7 @@
 """Table-1 statistics of TRIP splits (paper, Table 1), from typed story pairs.
 
-A plausible story appears in several pairs; every story is counted once (stories are told
-apart by their sentences and plausibility). Measures the data here cannot give (story authors)
-are left out. Two counts of physical state labels are given because the paper does not say how
-it counted: non-zero precondition/effect labels, and (entity, sentence, attribute) triples with
-any non-zero label (the raw annotation has one label per triple).
+Every story is counted once; measures the data cannot give are left out; state labels are
+counted two ways. Details: docs/reference.md#task-and-data ("Side tools").
 """
 
 from __future__ import annotations

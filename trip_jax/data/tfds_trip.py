@@ -1,22 +1,8 @@
 """A tensorflow-datasets builder named ``trip`` (array_record files, no TensorFlow needed).
 
-Build it from a manual directory holding TRIP files in any format the readers know (the
-authors' ``www_2s_new.json`` and/or ``{split}.cgli.jsonl`` / ``{split}.har.jsonl``)::
-
-    python -m trip_jax.data tfds_build --manual_dir=DIR [--tfds_dir=~/tensorflow_datasets]
-
-and read it back without TensorFlow::
-
-    import tensorflow_datasets as tfds
-    import trip_jax.data.tfds_trip as tfds_trip   # registers the builder
-    source = tfds.data_source("trip", split="dev", builder_kwargs={"file_format": "array_record"})
-    pairs = tfds_trip.pairs_from_tfds(source)
-
-One example is one story pair with structured features: ``pair_id``, ``index`` (position in the
-source file), ``label`` (index of the plausible story) and ``story0`` / ``story1``, each with
-``story_id``, ``sentences``, ``entities``, ``states`` int32 [entity, sentence, 2, 20] (stored
-zlib-compressed), ``plausible`` and ``conflict_pairs`` int32 [n, 2]. The two stories are two
-features rather than a sequence because a sequence of sequences needs TensorFlow to encode.
+Built with ``python -m trip_jax.data tfds_build --manual_dir=DIR`` from TRIP files in any format
+the readers know; read back with ``tfds.data_source`` and ``pairs_from_tfds``. One example is one
+story pair. Details: docs/reference.md#task-and-data ("Side tools").
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Tokenizers: a Hugging Face fast tokenizer by name or directory, or a word-level one built here.
 
-``load_tokenizer(spec, texts)`` accepts
-- ``"word_level:bert"`` / ``"word_level:roberta"``: a small word-level tokenizer whose vocabulary
-  is built from ``texts`` (lower-cased, split on whitespace and punctuation), with the sentence-pair
-  template of BERT (``[CLS] a [SEP] b [SEP]`` plus token_type_ids) or RoBERTa
-  (``<s> a </s></s> b </s>``). Tiny configs and tests use it: no network, no files.
-- a directory holding a tokenizer (``tokenizer.json`` or vocab files), local or remote
-  (``gs://...``), or a hub name such as ``roberta-large`` (the local cache first, then the hub
-  once: ``trip_jax.runtime.hub``).
-
-``save_tokenizer`` / ``load_saved_tokenizer`` write and read a tokenizer directory anywhere
-``etils.epath`` reaches (a run's ``WORKDIR/tokenizer``): transformers reads and writes only local
-directories, so remote ones are copied through a local temporary directory.
-
-``tokenizer_info`` gives what the feature code needs besides the tokenizer itself: the template
-style, the pad id and whether token_type_ids carry information.
+``load_tokenizer(spec, texts)`` takes ``word_level:bert`` / ``word_level:roberta``, a directory
+(local or remote) or a hub name; ``save_tokenizer`` / ``load_saved_tokenizer`` write and read a
+run's ``WORKDIR/tokenizer``. Details: docs/reference.md#task-and-data ("Side tools").
 """
 
 from __future__ import annotations

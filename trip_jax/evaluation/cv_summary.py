@@ -1,10 +1,8 @@
 """Cross-validation summaries: the held-out fold's metrics of every fold, per epoch, over folds.
 
-``summarise(fold_logs)`` takes each fold's ``metrics.jsonl`` records and returns, for every epoch
-and every numeric metric of the held-out split ("dev_fold": the tiers of both decodings, state
-F1s, losses, and the curated / implicit halves), the mean, the sample standard deviation
-(ddof 1), min, max and the number of folds; ``write_summary`` writes it as ``cv_summary.json`` and
-``cv_summary.md`` (through ``trip_jax.runtime.paths``). Nothing here knows about JAX.
+``summarise(fold_logs)`` takes each fold's ``metrics.jsonl`` records and gives, per epoch and
+held-out metric, the mean, sample standard deviation, min, max and fold count;
+``write_summary`` writes ``cv_summary.{json,md}``. Nothing here knows about JAX.
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """Reading the model's outputs as a prediction: the reference decoding and coherent decoding.
 
-Pure numpy. ``decode(arrays, config)`` takes the eval step's outputs of N pairs (pair axis first,
-batch-contract names) and returns the four arrays the metrics score: ``story_pred`` [N],
-``conflict_prob`` [N, 2, E, S], ``pre_pred`` and ``eff_pred`` [N, 2, E, S, 20].
-
-- ``reference``: the model's ``story_pred`` and ``conflict_prob``, each state head's argmax.
-- ``coherent``: a backed contradiction c = (story k, entity e, binary attribute a, sentences
-  i < j, value v) scores (``contradiction_scores``; c[k, e, s] the conflict logits)::
-
-      s(c) = log P(eff[k,e,i,a] = v) + log P(pre[k,e,j,a] = not v)
-             + [persistence] sum_{i<m<j} log(1 - P(eff[k,e,m,a] = not v))
-             + conflict_weight * (log sigmoid(c[k,e,i]) + log sigmoid(c[k,e,j]))
-
-  The implausible story is argmax_k logsumexp_c s(c) over story k's candidates (equal: the
-  reference ``story_pred`` decides); the conflicting pair is the (i, j) of its best candidate
-  (first in C order: entity, i, j, attribute, v false then true). States are read by
-  ``read_states`` (``state_threshold``, ``alias_states``), then the implausible story's states
-  at i and j by ``conflict_state_threshold``, then the two backing cells are set to the
-  candidate's values (only when the candidate's probability exp s(c) is at least
-  ``min_flip_probability``: below it the states stay the heads' own and the pair has no backing
-  contradiction). Beliefs are 1 at i and j of that story for every entity with a non-zero
-  decoded state there (and the candidate's entity), 0 elsewhere.
-
-Every rule and the reasons for it: docs/reference.md, "Decoding"; measured effects:
-docs/results.md.
+Pure numpy. ``decode(arrays, config)`` takes the eval step's outputs of N pairs and returns what
+the metrics score: ``story_pred``, ``conflict_prob``, ``pre_pred`` and ``eff_pred``.
+Every rule and its reasons: docs/reference.md#decoding.
 """
 
 from __future__ import annotations

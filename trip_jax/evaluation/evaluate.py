@@ -1,20 +1,8 @@
 """The evaluator: scoring parameters on story pairs, and the reports of a checkpoint.
 
-``Evaluator(eval_step, pairs, encoded, layout, batch_size, mesh).run(params)`` runs the jitted
-eval step (``training.step.make_eval_step``: predictions, labels, losses) over the pairs'
-batches, gathers every pair's outputs in dataset order (``predict``, the one eval loop) and scores them with
-``metrics.tiered_metrics``; training's selection and test scoring, ``--mode=evaluate``,
-``--mode=predict`` and the benchmarks all use it.
-
-``evaluate_checkpoint(config, workdir, which, split)`` (``--mode=evaluate``) rebuilds the model
-from the workdir alone (``checkpoints.restore_for_eval``), scores ``split`` of the protocol that
-``config.data`` describes (its model must be the checkpoint's, else ``CheckpointError``) and
-writes ``write_checkpoint_report``'s files as ``WORKDIR/eval/SPLIT.KIND-STEP.*`` (e.g.
-``test.selected-1016.json``: two checkpoints never overwrite each other): the report set of
-``trip_jax.evaluation.reports.write_report`` with per-pair outcomes and explanations, and the
-explorer page ``SPLIT.KIND-STEP.html`` (``trip_jax.evaluation.explorer``). Training's final test
-reports come from the same function. ``random_baseline_report(config, workdir, split)``
-(``--mode=random_baseline``) writes ``WORKDIR/eval/random_baseline.SPLIT.*``; no checkpoint.
+``Evaluator(...).run(params)`` is the one eval loop (training, evaluate, predict, benchmarks);
+``evaluate_checkpoint`` rebuilds a model from its workdir alone and writes
+``WORKDIR/eval/SPLIT.KIND-STEP.*``. Details: README.md#evaluation-and-explanations.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Readable explanations of one pair's tiered predictions: story, conflicting pair, states.
 
-``explain_pair`` turns the model's outputs for one pair into a JSON-ready dict and
-``explanation_text`` into words, e.g. "Story 1 is plausible. In story 2, sentences 2 and 5
-conflict: after sentence 2 the phone is unpowered; sentence 5 needs the phone to be powered."
-
-Rules (sentence indices are 0-based in the dict, 1-based in the text, as the paper writes them):
-
-- the plausible story is ``story_pred``; the implausible one is k = 1 - story_pred;
-- the conflicting pair is read from k's beliefs: each sentence's belief is the largest belief of
-  any entity there, and (i, j) are the two sentences with the highest beliefs (ties go to the
-  earlier sentence), ordered so that i < j. When the model flags exactly two sentences of story k
-  (belief >= 0.5) these are they, which is the pair the consistency metric checks; ``detected``
-  says whether both beliefs reach 0.5;
-- the states behind it are the nontrivial predictions (non-zero and not the attribute's default)
-  of every entity's effects at i and preconditions at j, the ones the verifiability metric checks;
-- with coherent decoding (``trip_jax.evaluation.decoding``) the explanation also names the *backing*
-  contradiction: the entity, the attribute and the two predicted states (an effect at i, a
-  precondition at j) that the conflict was decoded from; both are among the states above.
+``explain_pair`` turns one pair's outputs into a JSON-ready dict and ``explanation_text`` into
+words ("Story 1 is plausible. In story 2, sentences 2 and 5 conflict: ...").
+The rules: docs/reference.md#decoding ("Explanations").
 """
 
 from __future__ import annotations

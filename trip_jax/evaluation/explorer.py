@@ -1,14 +1,8 @@
 """The explorer page: one self-contained HTML file per report set, every pair as a card.
 
-``write_page(path, title, records, ...)`` writes ``NAME.html`` beside a report set
-(``--mode=evaluate``, training's final test reports, ``python -m trip_jax.score``,
-``--mode=predict``): the tiers of every decoding, the curated / implicit table and the report's
-plots (inline PNG) at the top, then one card per pair (the two stories, the gold and predicted
-conflicting sentences, the states that decide verifiability gold against predicted, the
-explanation, the outcome and failure mode), with filters, text search and a link per pair. It
-opens from disk: no network, no server; the pairs travel as one inline JSON blob that a small
-script (``templates/explorer.js``) renders on demand.
-Without gold (predict) the cards show the predictions only. The page's parts: docs/explorer.md.
+``write_page(path, title, records, ...)`` writes ``NAME.html`` beside a report set: the scores and
+plots at the top, a card per pair with filters and search; it opens from disk, the pairs inline
+as JSON rendered by ``templates/explorer.js``. Details: docs/explorer.md.
 """
 
 from __future__ import annotations

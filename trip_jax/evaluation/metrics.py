@@ -1,24 +1,8 @@
 """TRIP's tiered metrics in pure numpy: accuracy, consistency, verifiability, F1s.
 
-Inputs (``TieredArrays``): the batch contract's arrays, pair axis first (N pairs, 2 stories,
-E entities, S sentences, 20 attributes), padded; ``mask`` (bool [N, 2, E, S], the contract's
-``row_mask``) marks the real rows. Callers drop padding *pairs* first. Per pair, with the
-implausible story k = 1 - story_label:
-
-- correct: story_pred == story_label;
-- conflict set: {s : conflict_prob >= 0.5 on a real row of any story and entity} (predicted),
-  {s : conflict_label == 1} (gold); conflict correct: the sets are equal and hold two sentences;
-- states correct: in story k, every *nontrivial* prediction (non-zero, not the attribute's
-  default) of any real entity's effect at i and precondition at j equals its gold label, and at
-  least one exists;
-- consistent = correct and conflict correct; verifiable = consistent and states correct (so
-  accuracy >= consistency >= verifiability).
-
-Macro-F1 (Table 4): per attribute, over the real rows of both stories, the mean F1 of the
-classes in gold or prediction (scikit-learn's ``average="macro"``); ``precondition_f1`` and
-``effect_f1`` average the 20; ``conflict_f1`` the same over {0, 1} of the thresholded beliefs,
-``conflict_f1_positive`` class 1 alone. Failure modes (Figure 3): the 8 cells story x conflict x
-states right/wrong; tier losses and Figure 5's state contribution: docs/reference.md, "Metrics".
+Inputs (``TieredArrays``): the batch contract's arrays, pair axis first, padded, with ``mask``
+marking real rows (callers drop padding pairs first). Every clause, the F1s and the failure
+modes: docs/reference.md#metrics.
 """
 
 from __future__ import annotations

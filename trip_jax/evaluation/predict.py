@@ -1,26 +1,8 @@
 """Explaining new story pairs with a trained checkpoint (``--mode=predict --input=FILE``).
 
-Input: JSON Lines, one pair a line::
-
-  {"id": "phone", "stories": [["Tom charged the phone.", ...], ["Tom charged the phone.", ...]],
-   "entities": [["phone", "Tom"], ["phone", "Tom"]]}
-
-``stories`` (required): two stories, each a list of 2 to ``max_sentences`` sentences.
-``entities`` (optional): each story's entities; when absent they are extracted with spaCy
-(``trip_jax.data.entities``, pipeline ``config.data.spacy_model``). ``id`` (optional) names the
-pair in the output; default: the line number. Blank lines are ignored.
-
-For every pair the model's answer is printed (which story is plausible, the conflicting sentence
-pair, the physical states behind it in words: ``explain.explanation_text``) and written as one
-JSON object a line (``explain.explain_pair`` plus ``line``, ``id``, ``stories``, ``entities``,
-``entity_source``, ``story_scores``, ``decoding``) to ``--output`` (default
-``WORKDIR/predict/<stem>.jsonl``), with the explorer page of the answers beside it (same stem,
-``.html``). The answer is decoded as ``config.decoding`` says
-(``trip_jax.evaluation.decoding``); with coherent decoding it also names the backing contradiction: the
-entity, attribute and the two predicted states the conflict was decoded from.
-A line that cannot be answered (bad JSON, a missing or malformed field, a story longer than the
-model's ``max_sentences``, no entities) is reported on stderr with its number, written as
-``{"line", "id", "error"}`` and skipped; the other lines are still answered.
+Reads JSON Lines of story pairs (entities optional: spaCy), prints each answer and writes it as
+JSON Lines (default ``WORKDIR/predict/<stem>.jsonl``) with the explorer page beside it; a line
+that cannot be answered is reported and skipped. Details: docs/reference.md#decoding.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Reading another system's TRIP predictions: three file formats -> ``PairPrediction`` entries.
 
-Formats (docs/scoring.md gives each schema with an example):
-
-* ``authors``: one JSON list, one element a pair, as the TRIP authors published their RoBERTa
-  test predictions (``example_id``, ``story0``/``story1``, ``story_pred``, ``conflict_pred``,
-  ``preconditions_pred``/``effects_pred`` and the matching ``*_label`` gold, ``valid_explanation``).
-  The states are those of the gold implausible story (``1 - story_label``), nontrivial ones only.
-* ``trip_jax``: this project's ``*.predictions.jsonl`` (one pair a line: ``pair_id``, ``label``,
-  ``predicted_story``, ``predicted_conflict``, ``explanation.states``, and the run's own
-  outcome flags).
-* ``minimal``: JSON Lines for hand-written or prompted predictions: ``pair_id`` (or ``stories``),
-  ``plausible_story``, ``conflict`` and ``states`` as (entity, sentence, side, attribute, value).
-
-``read_predictions(path, format)`` checks everything that can be checked without the TRIP data
-(JSON, field types, attribute names, value words, sides) and returns the entries and a list of
-``Problem`` (each with its line or element and field); nothing is dropped without a problem.
-Checks against the data (pair ids, entities, sentence ranges) are ``trip_jax.score``'s.
+``read_predictions(path, format)`` reads ``authors``, ``trip_jax`` or ``minimal`` files and checks
+what can be checked without the data, returning the entries and a ``Problem`` list (nothing
+dropped without one). The formats: docs/scoring.md#the-formats.
 """
 
 from __future__ import annotations

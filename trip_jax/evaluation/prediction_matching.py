@@ -1,13 +1,8 @@
 """Matching a predictions file's entries to the pairs of a TRIP split, and checking them there.
 
-``match_entries(entries, pairs)`` finds each entry's pair by its id in any form (the authors'
-``257-C0``, the CGLI copy's ``257-C0-257-C0``, either story's id; ``canonical_id``) or else by the
-two stories' text (``PairIndex``), puts the entry's story indices in the data's order (an entry
-that gives the texts in the other order is swapped) and reports unknown, ambiguous and duplicate
-pairs. ``check_against_data`` reports sentence indices out of range, unknown entities and a state
-given twice with different values. ``disagreements`` lists the gold labels and outcome flags a
-file carries that differ from the data's or from this scoring's. Problems are
-``prediction_formats.Problem`` (where, field, message); nothing is dropped without one.
+``match_entries(entries, pairs)`` finds each entry's pair by id in any form or by text;
+``check_against_data`` and ``disagreements`` report against the data, as ``Problem`` s.
+Details: docs/scoring.md#matching-pairs-and-the-files-own-labels.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The random tiered baseline of Tables 2-3: random predictions at every tier, averaged over seeds.
 
-Sampling, per pair and seed, scheme ``"tiered"`` (the default):
-
-- story: the plausible story is 0 or 1 with probability 1/2;
-- conflict: in the story predicted implausible, one pair of distinct real sentences i < j,
-  uniform over all pairs, flagged (belief 1) for one uniform real entity; nothing else flagged;
-- states: every precondition and effect of every real (entity, sentence) row of both stories
-  uniform over its attribute's classes (3, or 9 for ``location``).
-
-Scheme ``"reference"`` (the authors' notebook): story and states as above; conflicts: for every
-real entity of the *gold* implausible story, two distinct uniform sentences. Both schemes are
-scored by ``trip_jax.evaluation.metrics.tiered_metrics`` only (docs/reference.md, "Metrics"; the measured
-scores and the paper's: docs/results.md). ``--mode=random_baseline``
-(``trip_jax.evaluation.evaluate.random_baseline_report``) prints ``summary`` and writes the report.
+Schemes ``"tiered"`` (the default) and ``"reference"`` (the authors' notebook), both scored by
+``metrics.tiered_metrics``; ``--mode=random_baseline`` prints ``summary`` and writes the report.
+Details: docs/reference.md#metrics; scores: docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Evaluation reports: metrics as JSON and Markdown tables, plots, predictions, data-file hashes.
 
-``write_report(out_dir, split, metrics, metadata, records)`` writes, for a metrics dict from
-``trip_jax.evaluation.metrics.tiered_metrics``:
-
-- ``SPLIT.json``: the metadata (checkpoint step, protocol, data-file hashes, ...) and all metrics,
-  and with ``by_marker`` (``trip_jax.data.curated.marker_split``) the tiers of the curated and the
-  implicit pairs;
-- ``SPLIT.md``: tables laid out like the paper's Tables 2-3 (accuracy / consistency /
-  verifiability), the curated / implicit split when given ("marker not found" without a marker
-  file), Table 4 (precondition / effect / conflict F1), then the failure modes (Figure 3) and the
-  per-attribute scores (Figure 5);
-- ``SPLIT.failure_modes.png`` and ``SPLIT.attributes.png`` (matplotlib, Agg canvas);
-- ``SPLIT.predictions.jsonl`` when per-pair records are given (one JSON object a line).
-
-Plots use ``matplotlib.figure.Figure`` directly, never pyplot, so no global backend is touched.
-Every file goes through ``etils.epath``, so ``out_dir`` may be remote (``gs://...``); plots are
-rendered to bytes and written the same way. Each file is written whole or not at all
-(``paths.write_atomic``).
+``write_report(out_dir, split, metrics, metadata, records)`` writes ``SPLIT.json``, ``SPLIT.md``,
+two plots and ``SPLIT.predictions.jsonl``, each whole or not at all and anywhere ``etils.epath``
+reaches; plots never touch pyplot's global state. Details: README.md#evaluation-and-explanations.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The spread of a recipe over runs: mean and min-max of the test scores of several workdirs.
 
-``python -m trip_jax.evaluation.run_summary RUN_DIR [RUN_DIR ...] [--out=DIR]`` reads each run's
-``reports/test.json`` (the selected checkpoint's test report, written at the end of training)
-and ``metrics.jsonl`` (its held-out evaluations and wall time), and writes ``DIR/summary.md`` and
-``DIR/summary.json`` (default DIR: the runs' common parent): one row per run, then the mean and
-the min-max over the runs, for every decoding the reports hold. A run's wall time is the sum of
-its ``wall_time`` records (one per training process; setup, compilation and test scoring
-included). Nothing is computed from
-anything but those files, so a summary can be re-derived from what ``results/`` keeps.
-
-The tiers of the curated and the implicit pairs (``trip_jax.data.curated``) come from each report's
-"by_marker"; a report written before it existed is split from its ``test.predictions.jsonl``
-with the marker of ``--data_dir`` (default ``$TRIP_DATA_DIR``), and without a marker the
-summary says "marker not found".
+``python -m trip_jax.evaluation.run_summary RUN_DIR ... [--out=DIR]`` reads each run's
+``reports/test.json`` and ``metrics.jsonl`` only and writes ``DIR/summary.{md,json}``.
+Details: docs/reference.md#metrics ("Curated and implicit pairs").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The TRIP authors' pickled ``TieredModelPipeline`` (as ``torch_pickle.load`` returns it) ->
 this project's model description and Flax parameter tree.
 
-``read_pipeline(obj, source)`` checks the pickled object and returns an ``AuthorsModel``: the
-encoder's Hugging Face config (BERT or RoBERTa, rebuilt from the pickled config's fields), the
-architecture numbers read from tensor shapes and attributes, the loss weights, ablation and
-sentence count, and every tensor by its PyTorch name. ``to_params(model, expected)`` maps those
-tensors onto the flat parameter tree ``expected`` (path -> shape) of this project's
-``TieredModel``: a tensor with no place, or a leaf left unfilled, is an ``AuthorsModelError``
-naming them; only ``DROPPED`` tensors (unused by the authors' forward pass) are left out, and
-``AuthorsModel.dropped`` lists them. Any other problem is one ``AuthorsModelError`` line.
-The name correspondence: ``trip_jax.models.param_names`` (the one table) and docs/convert.md.
+``read_pipeline(obj, source)`` returns an ``AuthorsModel``; ``to_params(model, expected)`` fills
+the parameter tree exactly (only ``DROPPED`` tensors left out). Details: docs/convert.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Reads a ``torch.save`` file (zip format) into plain records and numpy arrays, running nothing.
 
-``load(path)`` returns the pickled object with every module, config or other allowed class
-replaced by a ``Record`` (its class's qualified name in ``qualname`` and the pickled state in
-``state``: ``_parameters``, ``_buffers``, ``_modules`` and the other attributes) and every tensor
-by a numpy array rebuilt from the file's storages. Neither torch nor the classes the file names
-are imported: ``RestrictedUnpickler.find_class`` resolves a global only through the allow-list
-below (data-only names, and the namespaces whose classes become inert records); any other
-global (``os.system``, ``builtins.eval``, ...) raises ``UnsafePickleError`` naming it before
-anything it names could run. A file that is not a torch zip archive, is cut short, or uses the
-legacy (pre-1.6) format raises ``TorchFileError`` with one line. Why this is safe: docs/convert.md.
+``load(path)`` returns the pickled object with allowed classes as inert ``Record`` s and tensors
+as numpy arrays; any global outside the allow-list raises ``UnsafePickleError``, a bad file
+``TorchFileError``. Why this is safe: docs/convert.md#what-is-read.
 """
 
 from __future__ import annotations

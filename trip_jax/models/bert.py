@@ -1,12 +1,8 @@
 """BERT and RoBERTa encoders in Flax linen, with Hugging Face Flax parameter names.
 
-``BertEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden
-states [N, T, H] (no pooler). Parameter paths mirror ``FlaxBertModel`` / ``FlaxRobertaModel``
-(embeddings/word_embeddings/embedding, encoder/layer/attention/self/query/kernel, ...), the
-layers stacked on a leading axis (HF's ``encoder/layer/0/...`` is slice 0:
-``trip_jax.models.param_names``), so checkpoints load through ``trip_jax.models.weights``.
-With ``segment_ids`` (``trip_jax.models.packing``) each packed row's hidden states equal the
-row's encoded alone.
+``BertEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden states
+[N, T, H] (no pooler); its layers are stacked (``param_names``), and with ``segment_ids`` each
+packed row encodes as if alone. Details: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations

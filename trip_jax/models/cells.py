@@ -1,18 +1,8 @@
 """Where the state heads and the detector run (``TieredConfig.cells``): one view of the grid.
 
-``cell_view(cells, batch, row_index)`` returns ``GridCells`` ("grid": every (B, 2, E, S) cell
-and every (story, entity) track) or ``RealCells`` ("real": the encoder rows plus one padding
-row, the tracks ``batch["track_index"]`` names plus one padding track). The model calls only:
-
-- ``gather(rows, padding)``: encoder rows [R, H] -> head inputs [N, H]; a padding cell gets
-  ``padding`` ([H], or zeros where None);
-- ``tracks(values)``: per-input values [N, ...] -> detector tracks [T, S, ...], with
-  ``track_mask`` bool [T, S] marking their real sentences;
-- ``to_grid(values)``: [N, ...] -> [B, 2, E, S, ...]; ``from_tracks(values)``: [T, S] ->
-  [B, 2, E, S].
-
-Without dropout both views give equal outputs; with it, "real" draws one mask for all padding
-cells (and one for all padding tracks). Reasoning: docs/reference.md, "Model".
+``cell_view(cells, batch, row_index)`` returns ``GridCells`` ("grid": every cell and track) or
+``RealCells`` ("real": the real rows and tracks plus one padding each); the model calls only
+``gather``, ``tracks``, ``to_grid`` and ``from_tracks``. Details: docs/reference.md#model.
 """
 
 from __future__ import annotations

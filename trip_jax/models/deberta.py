@@ -1,14 +1,8 @@
 """DeBERTa (v1) and DeBERTa-v2/v3 encoders in Flax linen.
 
 ``DebertaEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden
-states [N, T, H]. ``config.model_type`` "deberta" (fused ``in_proj`` with ``q_bias``/``v_bias``,
-linear distances) or "deberta-v2" (separate projections, ``position_buckets``,
-``share_att_key``, ``norm_rel_ebd``, ``conv_kernel_size``) picks the variant. Parameter paths
-mirror the torch modules (``encoder/layer/attention/self/in_proj/kernel``, ..., the layers
-stacked on a leading axis: torch's ``encoder.layer.0`` is slice 0, ``param_names``), so
-checkpoints convert by renaming (``trip_jax.models.weights``). With ``segment_ids``
-(``trip_jax.models.packing``) each packed row's hidden states equal the row's encoded alone
-(why: docs/reference.md, "Hand-written parts"); configs with ``conv_kernel_size > 0`` refuse them.
+states [N, T, H]; ``config.model_type`` picks the variant, parameter paths mirror the torch
+modules (layers stacked). Packing: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The model's exact-mode piece: the reference's padding row (``padding_rows="encoded"``).
 
-Every padding cell of the reference was an encoder row of ``padding_row_length`` token ids 0,
-attention mask 0 and token types 0, encoded alone; its position-0 output is the padding-row
-vector. ``with_padding_row`` adds that row to the encoder's input as one more sequence, so that
-the encoder's one pass over the batch computes it too (``TieredModel.row_embeddings``). Why and
-what it changes: docs/exact-mode.md, difference 1.
+``with_padding_row`` adds the reference's padding row (token ids, mask and types 0) to the
+encoder's input as one more sequence, so the encoder's one pass computes its vector too.
+Details: docs/exact-mode.md.
 """
 
 from __future__ import annotations

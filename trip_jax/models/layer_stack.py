@@ -1,14 +1,8 @@
-"""A stack of identical layers as one scanned module: a program whose size does not grow with
-depth.
+"""A stack of identical layers as one scanned module: a program whose size does not grow with depth.
 
 ``scanned(layer_cls, length=L, remat=...)`` returns the ``nn.scan`` of ``layer_cls`` over ``L``
-layers: each parameter is one array with a leading layer axis (``variable_axes={"params": 0}``),
-every layer draws its own initialisation and dropout keys (``split_rngs``), and with ``remat``
-each layer is rematerialised in the backward pass (``nn.remat`` inside the scan). A layer's
-``__call__(carry, *args)`` returns ``(carry, None)``; ``in_axes`` says per extra argument how it
-reaches the layers (default: every layer sees it whole, ``nn.broadcast``; 0: layer i gets
-slice i). The paths of the stacked parameters and their per-layer names:
-``trip_jax.models.param_names``.
+layers (parameters with a leading layer axis, own keys per layer, optional remat); a layer's
+``__call__(carry, *args)`` returns ``(carry, None)``. Details: docs/reference.md#model.
 """
 
 from __future__ import annotations

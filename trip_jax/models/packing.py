@@ -1,10 +1,7 @@
 """Packed token sequences: several encoder rows concatenated into one sequence.
 
-``segment_ids`` (int [N, P]) says which row each token belongs to: 0 marks padding tokens and
-k >= 1 the k-th row packed into that sequence, each row a contiguous run of one id. The encoders
-(``trip_jax.models.bert``, ``trip_jax.models.deberta``) use the two helpers below so that every
-row is encoded exactly as if it were alone: attention stays inside a row and positions restart
-at each row start.
+``segment_ids`` (int [N, P]: 0 padding, k >= 1 the k-th row) drive the helpers the encoders use so
+that every row is encoded as if alone: attention within a row, positions restarting at its start.
 """
 
 from __future__ import annotations

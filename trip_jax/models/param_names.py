@@ -1,35 +1,8 @@
 """The one name table of the parameters: per-layer names <-> stacked layers, PyTorch <-> Flax.
 
-Trees here are flat: {path tuple: array}. Numpy only.
-
-Stacked layers. The encoder's layers and the detector's run scanned (``layer_stack``): each
-parameter of a layer is one array with a leading layer axis, at the scanned module's path.
-
-  per layer (Hugging Face, PyTorch, workdirs before issue 42)    stacked (this project's tree)
-  .../encoder/layer/<i>/REST                                      .../encoder/layer/REST [i]
-  .../detector/layer_<i>/REST                                     .../detector/layers/REST [i]
-
-``stack_layers`` / ``unstack_layers`` convert between the two; ``per_layer_paths`` lists a
-tree's per-layer paths (an old checkpoint's).
-
-PyTorch names: the authors' pickled model's, which ``torch_reference`` also uses.
-
-  PyTorch                                            Flax (per layer)
-  embedding.<Hugging Face name>                      encoder/<HF path>  (``encoder_match``)
-  precondition_classifiers.<a>.{dense,out_proj}      state_heads/heads/{dense,out_proj} [a]
-  effect_classifiers.<a>.{dense,out_proj}            state_heads/heads/{dense,out_proj} [A+a]
-  embedding_proj, states_proj                        embedding_proj, states_proj
-  detector.layers.<i>.self_attn.in_proj_{weight,bias}  detector/layer_<i>/self_attention/
-                                                     {query,key,value} (rows in that order)
-  detector.layers.<i>.self_attn.out_proj             detector/layer_<i>/self_attention/out
-  detector.layers.<i>.{linear1,linear2}              detector/layer_<i>/{ff_in,ff_out}
-  detector.layers.<i>.{norm1,norm2}                  detector/layer_<i>/{attention_norm,ff_norm}
-  decoder                                            detector/conflict_out
-
-A Linear weight is the kernel transposed (ConvNd: [out, in, *k] <-> [*k, in, out]); Embedding
-and LayerNorm weights are ``embedding`` / ``scale``; ``gamma`` / ``beta`` are scale / bias. A
-head's out_proj has its attribute's classes; the stacked one is padded with zero columns to the
-widest head. ``tiered_to_torch`` / ``tiered_from_torch`` apply the table to a whole model.
+Flat trees ({path tuple: array}), numpy only: ``stack_layers`` / ``unstack_layers``,
+``per_layer_paths``, and ``tiered_to_torch`` / ``tiered_from_torch`` for a whole model.
+The table: docs/convert.md#what-is-mapped.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
 
-``TieredModel(encoder, config)`` maps the batch contract's input arrays to its model outputs
-(``trip_jax.data.batch_contract``; shapes in ``TieredModel.__call__``). Every architecture number is
-a ``TieredConfig`` field whose default is the reference's. The steps and their formulas:
-docs/reference.md, "Model"; the exact mode: docs/exact-mode.md.
+``TieredModel(encoder, config)`` maps the batch contract's input arrays to its model outputs;
+every architecture number is a ``TieredConfig`` field with the reference's default.
+Details: docs/reference.md#model, docs/exact-mode.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
 """The reference training step in eager PyTorch, written from its semantics (docs/exact-mode.md).
 
-A baseline for parity (tests/test_exact_reference.py) and for speed (benchmarks/torch_speed.py):
-the tiered model of the TRIP paper as the original implementation computed it, on Hugging
-Face's PyTorch encoders. Needs torch (the ``[test]`` extra); nothing else in trip_jax imports it.
-
-- Encoder: ``transformers`` BertModel / RobertaModel (no pooler, eager attention) over one row
-  per (story, entity, sentence); row embedding = last hidden state at position 0. Masks are
-  applied as transformers 4.11 (the original's version) applied them: an additive -10000 at
-  masked keys, so that a fully masked padding row attends as if unmasked.
-- 2 x 20 state heads (preconditions, then effects, attributes in schema order): dropout ->
-  Linear(H, H) -> tanh -> dropout -> Linear(H, n_a).
-- Detector input per cell: Linear_256(dropout(h)) ++ Linear_256(dropout(pre ++ eff logits,
-  detached)); dropout; ``nn.TransformerEncoder`` (post-LN, ReLU, no attention mask) over the S
-  sentences of each (story, entity); flatten -> dropout -> Linear(S*D, S) -> sigmoid x the
-  cell mask (1 on real rows: the first token's attention mask).
-- Story score -sum(p) / 2; losses: per-attribute CE averaged over all E x S cells, summed over
-  attributes / 20; BCE of the beliefs over all cells; CE of the two story scores.
-- Step: ``transformers.AdamW`` (eps added to sqrt(v), bias corrections in the step size) after
-  ``torch.nn.utils.clip_grad_norm_``.
-
-Two layouts of the same step: ``forward_padded`` runs the encoder on every cell of the padded
-E x S grid (padding cells: 16 token ids 0, attention mask 0), as the original did;
-``forward_rows`` runs it on the real rows and one padding row, whose vector fills every padding
-cell (the same numbers, less encoder work). ``load_jax_params`` copies a trip-jax parameter tree
-into the torch modules so that both start equal, through the one name table
-(``trip_jax.models.param_names``), whose PyTorch names these modules carry.
+A baseline for parity (tests/test_exact_reference.py) and speed (benchmarks/torch_speed.py);
+needs torch, and nothing else in trip_jax imports it.
+Details: docs/exact-mode.md#the-pytorch-reference-and-the-parity-test.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Hugging Face checkpoints (msgpack / safetensors / PyTorch .bin) → Flax encoder parameters.
+"""Hugging Face checkpoints (msgpack / safetensors / PyTorch .bin) -> Flax encoder parameters.
 
-Conversion is by renaming, guided by the encoder's own expected parameter tree (``jax.eval_shape``
-of its init) seen per layer: a PyTorch key ``a.b.weight`` becomes whichever of ``a/b/kernel``
-(transposed), ``a/b/embedding``, ``a/b/scale`` or ``a/b/weight`` the model has; ``gamma``/``beta``
-become ``scale``/``bias``; a base-model prefix (``bert.``, ``roberta.``, ``deberta.``) is
-stripped; then the layers are stacked (``trip_jax.models.param_names``, the one name table). Any
-family whose Flax module names mirror the PyTorch module names therefore converts with no extra
-code; ``register_conversion_hook`` is there for a family that needs one. Hugging Face's
-per-layer ``flax_model.msgpack`` is what ``save_pretrained`` writes and every reader accepts
-(a stacked one too).
+Conversion is by renaming, guided by the encoder's expected per-layer tree, then stacking the
+layers (``param_names``); ``register_conversion_hook`` serves a family that needs more.
+Details: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations

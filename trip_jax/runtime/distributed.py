@@ -1,23 +1,7 @@
 """Decides how this process joins a multi-process JAX run, and joins it (``jax.distributed``).
 
-Order of precedence (the first that applies wins):
-
-1. ``TRIP_DISTRIBUTED=off``: single process, no call (e.g. one process driving all local GPUs).
-2. ``TRIP_COORDINATOR_ADDRESS`` + ``TRIP_NUM_PROCESSES`` + ``TRIP_PROCESS_ID`` (all three;
-   optional ``TRIP_LOCAL_DEVICE_IDS=0,1``): explicit arguments. ``TRIP_NUM_PROCESSES=1``: no call.
-3. A SLURM task (``srun``: SLURM_JOB_ID, SLURM_NTASKS, SLURM_PROCID): process count and id from
-   SLURM; the coordinator is ``TRIP_COORDINATOR_ADDRESS`` when set, else the first node of the
-   job (``scontrol show hostnames``, or the node list parsed here) on ``TRIP_COORDINATOR_PORT``
-   (default: jax's own rule, 61440 + job id mod 4096). With one task per node every process sees
-   all of its node's GPUs; with several tasks per node each takes GPU ``SLURM_LOCALID``.
-   (jax's own SLURM detection would pin every process to one GPU, so it is not used.)
-4. A Cloud TPU VM (single host or pod slice, as detected by jax): plain
-   ``jax.distributed.initialize()``; jax reads the topology from the TPU metadata.
-5. Otherwise a single process: no call.
-
-Multi-process runs get ``jax_cpu_collectives_implementation=gloo`` before initialising, so that
-CPU devices of several processes can run collectives (unless ``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
-already chose one).
+The first that applies wins: ``TRIP_DISTRIBUTED=off``, explicit ``TRIP_*`` variables, a SLURM
+task, a Cloud TPU VM, else one process. Details: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations

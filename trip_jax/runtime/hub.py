@@ -1,12 +1,8 @@
 """Hugging Face hub names (``roberta-large``) looked up once: the local cache, then the hub.
 
-``fetch(name, load, flag=...)`` calls ``load(local_files_only=True)`` (the cache only); where
-that fails it stops at once when the hub is off (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)
-or does not answer one request within ``PROBE_TIMEOUT_S`` seconds, and only then calls
-``load(local_files_only=False)``. So a machine without the hub fails in seconds, not after
-huggingface_hub's rounds of retries, with one ``HubUnavailableError`` line: the name, what was
-tried (the cache, the hub) and the two ways out (a local directory given with ``flag``, or the
-cache copied from a machine with network). The full causes go to the log at debug level.
+``fetch(name, load, flag=...)`` tries the cache, then the hub with one short probe, and fails with
+one ``HubUnavailableError`` line naming both places and the two ways out.
+Details: docs/reference.md#allowed-values ("Output").
 """
 
 from __future__ import annotations

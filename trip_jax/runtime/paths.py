@@ -1,16 +1,8 @@
 """Workdir files through one path layer, ``etils.epath``, so a workdir may be ``gs://...``.
 
-``epath.Path`` reads and writes local paths with the os module and ``gs://`` (``s3://``, ...)
-paths with TensorFlow's gfile when TensorFlow is installed, else with fsspec (``gcsfs`` for
-GCS: ``pip install gcsfs``). Object stores cannot append to a file, and gcsfs turns append mode
-into overwrite mode with only a warning, so appending goes through ``append_text`` here, and
-TensorBoard event files through ``summary_writer``. Orbax checkpoints take ``gs://``
-directories natively (tensorstore) and need nothing from here.
-
-Files a reader must find whole (config, reports, predictions, summaries) go through
-``write_atomic``: whole or not at all, the previous version staying until the new one is complete.
-Also here: JSON Lines records (``read_jsonl``), a file's sha256 (``file_sha256``,
-``data_file_hashes``) and strict-JSON values (``to_jsonable``).
+Appends (``append_text``), TensorBoard writers, whole-or-nothing writes (``write_atomic``), JSON
+Lines reads, sha256 of files and strict-JSON values, the same on local disks and object stores.
+Details: docs/reference.md#training ("Whole files").
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Device mesh and partition rules: one place that says where every array lives.
 
-The mesh has two axes: ``data`` and ``fsdp``. Batches are split over both (every device gets
-its own pairs and encoder rows); parameters and optimizer state are sharded over ``fsdp`` when
-they are large (at least ``fsdp_min_size`` elements: the encoder's embedding and weight
-matrices, the stacked state heads), on their largest dimension that ``fsdp`` divides, and
-replicated otherwise (biases, LayerNorms). ``data=N, fsdp=1`` is plain data parallelism;
-``data=1, fsdp=N`` is fully sharded data parallelism. The rule depends on shapes only, so it
-covers any encoder and the optimizer state (Adam moments mirror the parameters).
-
-Multi-process: each process builds the contiguous share of every global batch that its devices
-hold, one piece per device (``trip_jax.data.batching``, the layouts), and
-``input_pipeline.global_batch`` assembles the shares into global arrays.
+A ``data`` x ``fsdp`` mesh: batches split over both, large parameters and optimizer state sharded
+over ``fsdp`` on their largest divisible dimension, the rest replicated; the rule reads shapes
+only. Details: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """One training run per workdir: ``WORKDIR/LOCK`` names the run that holds it.
 
-``acquire(workdir)`` returns a ``WorkdirLock`` (release it with ``release()``, or use it as a
-context manager) or raises ``WorkdirLocked``, naming the holder (host, process id, start time,
-command), before the caller has written anything. The lock file holds that description as JSON.
-
-Local (and NFS) workdirs: the file is locked with ``fcntl.flock``, which the kernel releases
-when the holding process ends however it ends, so exclusion is exact; a lock file still
-describing a holder while nobody holds the flock is the trace of a killed run, taken over with
-a warning. ``release`` empties the file.
-
-Object stores (``gs://``): there is no flock. The lock is an object written when none exists,
-then read back to check that it is ours. Two runs started within the same moment (a write's
-latency apart) can both pass: closing that window needs an object created with a
-does-not-exist precondition (GCS ``ifGenerationMatch=0``), which ``etils.epath`` does not
-offer. A holder whose host is this one and whose process is gone is taken over with a warning;
-a holder on another host cannot be checked from here and keeps the lock until its run ends,
-or until the object is deleted by hand. ``release`` deletes the object.
+``acquire(workdir)`` returns a ``WorkdirLock`` or raises ``WorkdirLocked`` naming the holder,
+before anything is written: ``flock`` locally, a written-then-read-back object on ``gs://``.
+Details: docs/reference.md#training ("One training run per workdir").
 """
 
 from __future__ import annotations

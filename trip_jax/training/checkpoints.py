@@ -1,32 +1,8 @@
 """Orbax checkpoints of a training run, and restoring a trained model with no training code.
 
-A workdir holds:
-
-  config.json, encoder_config.json, tokenizer/   the run, so evaluation needs no data or code
-  checkpoints/latest/STEP/          params + opt_state + meta: the last few, for resuming
-  checkpoints/selected/STEP/        params + meta: the checkpoint the selection rule chose
-                                    (highest ``selection_score``, trip_jax/training/selection.py)
-  checkpoints/best_accuracy/STEP/   params + meta: best selection accuracy
-
-``meta`` (JSON): step, epoch, selection metrics, protocol, config, encoder config and
-``meta["checksums"]`` (``trip_jax.training.checksums``: every array by tree path, and the rest of meta).
-Best checkpoints rank by the tuple ``RANKING[kind]`` and are written only when strictly better.
-Guarantees: readers see only completed steps (orbax renames a step when complete); restoring
-verifies the checksums first (``DamagedCheckpointError`` names the step, the array and both
-checksums; a checkpoint saved before checksums restores with a warning); resuming falls back to
-the newest intact ``latest`` step (at least ``MIN_KEEP`` are kept). Details:
-docs/reference.md, "Training".
-
-Workdirs written before the rename hold the selected checkpoint in ``checkpoints/
-best_verifiability/`` (``OLD_SELECTED``): where ``selected/`` is absent that folder is read (and a
-resumed run keeps saving there), with one log line; ``best_verifiability`` is still accepted
-wherever a checkpoint is named (``resolve_name``).
-
-Checkpoints saved before the layers were stacked (issue 42) hold one entry per layer
-(``encoder/encoder/layer/0/...``, ``detector/layer_0/...``): ``restore_for_eval`` (evaluation,
-prediction, ``train.init_from``) stacks them through the name table
-(``trip_jax.models.param_names``), and so does resuming (``RunCheckpoints.restore_latest`` with
-the optimizer's ``init``, which says how the saved optimizer state was laid out).
+A workdir holds ``checkpoints/{latest,selected,best_accuracy}/STEP`` beside its config and
+tokenizer; restoring verifies the checksums first, and older workdirs (``best_verifiability/``,
+per-layer parameters) are still read. Details: docs/reference.md#training.
 """
 
 from __future__ import annotations

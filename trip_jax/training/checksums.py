@@ -1,17 +1,8 @@
 """Checksums of the arrays a checkpoint holds, to tell intact weights from damaged ones.
 
-``tree_checksums(tree)`` maps each array's tree path (``jax.tree_util.keystr``, e.g.
-``['detector']['layers']['ff_in']['kernel']``) to ``"DTYPE[SHAPE]:HEX"``: two 32-bit sums over the
-array's raw bits, computed on the devices where the array lives (one jitted program per tree),
-so arrays sharded over several processes need no gathering. The sums are modulo 2**32, exact
-in any order, so the value does not depend on the sharding, the device count or the platform:
-a checkpoint saved on 8 GPUs verifies on one CPU. Each element enters the first sum weighted
-by an odd number and the second through a bijective mix of (bits, index), so any change of a
-single element always changes the checksum, and random damage of many goes unnoticed with a
-chance of about 2**-64. It guards against damage, not against deliberate forgery.
-
-``meta_checksum(meta)`` is the SHA-256 of a JSON document (the checkpoint's metadata) in a
-canonical form. ``first_mismatch`` compares two checksum maps.
+``tree_checksums(tree)`` maps each array's tree path to ``"DTYPE[SHAPE]:HEX"``, computed where
+the array lives and independent of sharding and platform; ``meta_checksum`` hashes the metadata.
+Details: docs/reference.md#training ("Verified checkpoints").
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""The tiered training loss L = λp·Lp + λf·Lf + λc·Lc + λs·Ls (docs/reference.md, "Losses").
+"""The tiered training loss L = λp·Lp + λf·Lf + λc·Lc + λs·Ls.
 
-Lp / Lf: cross-entropy of each attribute head averaged over rows, summed over the attributes and
-divided by their number. Lc: binary cross-entropy over (story, entity, sentence) rows. Ls:
-cross-entropy of the two story scores against the label. Padding pairs never count; with
-``mask_padding_in_losses`` (default) padded (entity, sentence) rows of real pairs do not count
-either. With it off, padded rows count as the reference counted them: in every mean's
-denominator, with their state-head cross-entropy against label 0 and a conflict loss of 0
-(the reference's belief there is exactly 0 and its label 0). The loss then equals the
-reference's only where the model feeds padded cells what the reference fed them
-(``model.tiered.padding_rows = "encoded"``) and E is the reference's, the data's largest entity
-count (``data.entity_padding = "data_max"``): the denominators count E x S cells per story.
-``docs/exact-mode.md`` lists every setting of the reference's step.
+Padding pairs never count; padded cells of real pairs count only with
+``mask_padding_in_losses`` off, as the reference counted them.
+Details: docs/reference.md#losses, docs/exact-mode.md.
 """
 
 from __future__ import annotations

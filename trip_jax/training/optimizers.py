@@ -1,21 +1,8 @@
 """The optimizer of a run: AdamW by name, gradient clipping, the learning-rate schedule.
 
-``make_optimizer(config.train, total_steps)`` returns (optimizer, encoder schedule). ``adamw``:
-"adamw" is optax's (like ``torch.optim.AdamW``)::
-
-    update = lr * m_hat / (sqrt(v_hat) + eps),  m_hat = m / (1 - b1^t),  v_hat = v / (1 - b2^t)
-
-"hf_adamw" is ``transformers.AdamW`` (transformers 4.x, the reference's)::
-
-    step_size = lr * sqrt(1 - b2^t) / (1 - b1^t)
-    p <- p - step_size * m / (sqrt(v) + eps)
-    p <- p - lr * weight_decay * p          (after the Adam step, on the updated p)
-
-``clip_by_global_norm`` scales by max_norm / norm when norm > max_norm (optax, with "adamw") or
-by min(1, max_norm / (norm + 1e-6)) (``torch.nn.utils.clip_grad_norm_``, with "hf_adamw").
-What the difference amounts to: docs/exact-mode.md. The optimizer's ``update`` takes the
-gradients' ``global_norm`` as the extra argument ``grad_norm`` (the train step computes it once,
-for the clip and its log), or computes it where none is given.
+``make_optimizer(config.train, total_steps)`` returns (optimizer, encoder schedule): optax's AdamW
+("adamw") or ``transformers.AdamW``'s ("hf_adamw"), each with its clip; ``update`` takes the
+gradients' norm as ``grad_norm``. Details: docs/exact-mode.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Checkpoint selection: the ``selection_score`` of each held-out evaluation.
 
-The selected checkpoint (``checkpoints/selected``) is the evaluation of the highest score, ties
-broken by verifiability, consistency, accuracy (``checkpoints.RANKING``). With h the last
-``window`` entries of the history (oldest first), ``config.train.selection`` gives:
-
-- ``verifiability`` (the reference): the last evaluation's verifiability;
-- ``smoothed``: mean over h of (consistency + verifiability), minus ``PARTIAL_WINDOW_PENALTY``
-  while h holds fewer than ``window`` entries (so a partial window ranks below every full one).
-
-The history lives in the latest checkpoint's metadata, so a resumed run scores as an
-uninterrupted one. Why these rules: docs/reference.md, "Decoding" (selection paragraph).
+``config.train.selection`` is ``verifiability`` (the reference) or ``smoothed`` (a window mean);
+the history lives in the latest checkpoint, so a resumed run scores as an uninterrupted one.
+Details: docs/reference.md#decoding ("Selection").
 """
 
 from __future__ import annotations

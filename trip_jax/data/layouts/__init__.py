@@ -1,9 +1,8 @@
 """Batch layouts: how encoded pairs become the encoder arrays of a batch (``data.layout``).
 
 ``from_config(config.data)`` builds the one layout object a run holds: ``PackedTokens``
-("packed_tokens", the default: real rows packed into token sequences) or ``Dense`` ("dense",
-the reference's: every cell of the grid a row). Each plans, builds, checks and describes its own
-batches (``base.Layout``); nothing outside this package tests a layout's name.
+("packed_tokens", the default) or ``Dense`` ("dense", the reference's); nothing outside this
+package tests a layout's name. Details: docs/reference.md#encoder-input.
 """
 
 from __future__ import annotations

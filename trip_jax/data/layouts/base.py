@@ -1,10 +1,8 @@
 """What every layout does: encode pairs, plan an epoch's batches, build and check them.
 
-A layout is a frozen dataclass built once from ``config.data`` (``layouts.from_config``); the
-rest of the code holds it and calls its methods, never its name. A subclass declares its
-encoder arrays (``fields``, the batch contract's rows for this layout), plans the padded sizes
-of each batch (``plan``) and builds a process's share of a batch in per-device pieces
-(``build``), so that ``input_pipeline.global_batch`` only has to move the contract's index arrays.
+A layout is a frozen dataclass built once from ``config.data``; a subclass declares its encoder
+arrays (``fields``), plans each batch's padded sizes (``plan``) and builds a process's share in
+per-device pieces (``build``), so ``input_pipeline.global_batch`` only moves index arrays.
 """
 
 from __future__ import annotations

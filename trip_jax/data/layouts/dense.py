@@ -1,10 +1,8 @@
 """The dense layout (the reference's): every cell of the [B, 2, E, S] grid is an encoder row.
 
-R = B*2*E*S rows of T tokens in grid order; padding cells are rows of pad tokens that attend to
-their first token. E is the data's largest entity count when ``num_entities`` fixes it
-(``data.entity_padding = "data_max"``), else ``buckets.entities`` of the batch's largest story;
-T is ``data.seq_len`` when set (a longer row is an error, not a cut), else
-``buckets.tokens`` of the batch's longest row.
+R = B*2*E*S rows of T tokens in grid order; E and T are bucketed per batch unless
+``data.entity_padding = "data_max"`` or ``data.seq_len`` fixes them (a longer row is then an
+error, not a cut). Details: docs/reference.md#encoder-input.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The packed_tokens layout (the default): real rows concatenated into sequences of P tokens.
 
-Only real rows are encoded. They are packed into N sequences of P = ``data.pack_length`` tokens
-(``packing.pack_rows``: first fit, longest row first), each row a segment of its own
-(``segment_ids``: the encoder attends within a segment and restarts positions there), rows with
-equal tokens once with ``data.dedup_rows``; ``row_start`` points at each row's first token and
-``track_index`` lists the (story, entity) tracks that hold real rows. E is fixed (the largest
-entity count of the data: ``for_splits``), and (N, R, K) is the smallest of at most
-``data.max_shapes`` shape classes that fits every device's piece of the batch
-(``packing.shape_classes``: chosen once from the batches of the first epochs, so every epoch
-uses the same few compiled shapes, with the largest class big enough for any batch). Each
-device's piece packs only its own pairs' rows into its own sequences, so the arrays do not
-depend on how the devices are spread over processes and no device reads another's sequences.
+Only real rows are encoded, each a segment of its sequence (``segment_ids``), equal rows once with
+``data.dedup_rows``; E is fixed and (N, R, K) is one of at most ``data.max_shapes`` shape classes.
+Each device's piece packs only its own pairs' rows. Details: docs/reference.md#encoder-input.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Packing rows into token sequences, and the few batch shapes packed_tokens compiles.
 
-``pack_rows`` places rows (first fit, longest first) into sequences of P tokens; ``row_keys``
-and ``unique_rows`` find rows with equal tokens (``data.dedup_rows``); ``Demands`` says what a
-batch slice needs, as (sequences, rows, tracks); ``shape_classes`` cuts the demands of an
-epoch into at most ``data.max_shapes`` classes; ``track_index`` lists a batch's real tracks.
+``pack_rows`` (first fit, longest first), ``row_keys`` / ``unique_rows`` (equal rows),
+``Demands`` (sequences, rows, tracks of a batch slice), ``shape_classes`` (at most
+``data.max_shapes`` classes per epoch) and ``track_index`` (a batch's real tracks).
 """
 
 from __future__ import annotations
