@@ -287,6 +287,22 @@ GPU_GOALS: tuple[tuple[str, str, str, float], ...] = (
     ("parity_failures", "parity tests failed or in error on the device", "max", 0.0),
 )
 
+# Issue #42's goals on this CPU (benchmarks.compile_seconds: before and after, same run), as
+# ``TARGETS``; the paper case is the first of ``COMPILE_CASES``.
+COMPILE_GOALS: tuple[tuple[str, str, str, float], ...] = (
+    ("paper_train_compile_s", "paper config train step compile s (after)", "max", 15.0),
+    ("train_equations_deep_over_shallow",
+     "train step equations, deepest large case over large_l2 (after)", "max", 1.2),
+    ("step_train_after_over_before", "steady-state train step s, after over before", "max", 1.0),
+)
+# The cases of benchmarks.compile_seconds: (model, layout, batch size, dtype or None for the
+# model's own). The paper case first: configs/roberta.py as it is (large_exact in float32, the
+# config's own layout, cells and batch size of 1), then the clean bf16 large case at 2 to 24
+# layers.
+COMPILE_CASES: tuple[tuple[str, str, int, str | None], ...] = (
+    ("large_exact", "config", 1, "float32"),
+    *((name, "packed_tokens", 8, None) for name in ("large_l2", "large_l4", "large_l8", "large")))
+
 
 def smoke_case(case: Case) -> Case:
     """``case`` shrunk to seconds on a CPU: the 2-layer width-64 model of the same kind

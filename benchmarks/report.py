@@ -49,7 +49,8 @@ GPU_MEMORY_HEADER = ["model", "dtype", "B", "encoder tokens", "GiB per layer", "
                      "bf16 on GPU GiB", "bf16 on GPU GiB per pair"]
 
 
-def _table(header: list[str], rows: list[list]) -> list[str]:
+def table(header: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
     return lines
@@ -176,19 +177,19 @@ def _paper_lines(results: dict) -> list[str]:
         lines += ["", "The paper configs at their real size (exact mode, random weights, "
                   "stand-in tokenizer), one train and one eval step on the largest batch of "
                   "the dev pairs at batch 1 (E padded to the data's maximum):", ""]
-        lines += _table(["model", "tokenizer", "params", "grid B x 2 x E x S", "real rows",
+        lines += table(["model", "tokenizer", "params", "grid B x 2 x E x S", "real rows",
                          "encoder rows in N x P", "real tokens", "eval step s",
                          "train step s", "train compile s", "peak RSS GiB",
                          "XLA train temp GiB"], full)
     if plans:
         lines += ["", "XLA memory plans of the train step (compiled, not run) on the largest "
                   "batch at B:", ""]
-        lines += _table(["model", "dtype", "B", "pairs", "encoder tokens", "grid cells",
+        lines += table(["model", "dtype", "B", "pairs", "encoder tokens", "grid cells",
                          "arguments GiB", "temp GiB"], plans)
     if results.get("gpu_memory"):
         lines += ["", f"Device memory of the train step, estimated: {GPU_MEMORY_FORMULA}; "
                   "check: the formula at full depth over the full-size plan (batch 1).", ""]
-        lines += _table(GPU_MEMORY_HEADER, gpu_memory_rows(results["gpu_memory"]))
+        lines += table(GPU_MEMORY_HEADER, gpu_memory_rows(results["gpu_memory"]))
     return lines
 
 
@@ -198,7 +199,7 @@ def _gpu_check_lines(results: dict) -> list[str]:
     if results.get("goals"):
         lines += ["", "Goals (issue #42; this device, same run; torch = the eager PyTorch "
                   "reference's best train pairs/s):", ""]
-        lines += _table(["model", "layout", "goal", "measured", "required", "status"],
+        lines += table(["model", "layout", "goal", "measured", "required", "status"],
                         target_rows(results["goals"]))
     parity = results.get("parity_tests")
     if parity:
@@ -228,13 +229,13 @@ def markdown(results: dict) -> str:
              + f"; total {results.get('total_s', 0):.0f} s"
              + ("." if results.get("complete", True) else " (incomplete: still running or cut "
                 "short)."), ""]
-    lines += _table(["model", "layout", "B", "mode", "real rows / R x T", "real tokens",
+    lines += table(["model", "layout", "B", "mode", "real rows / R x T", "real tokens",
                      "step s", "pairs/s", "real rows/s", "tokens/s", "compile s", "MFU",
                      "sys CPU", "peak RSS GiB", "x torch padded", "x torch rows"],
                     throughput_rows(results["cases"], results.get("torch_ratios")))
     if results.get("ratios"):
         lines += ["", "trip-jax layouts over the reference layout (pairs/s):", ""]
-        lines += _table(["model", "mode", "layout", "B", "pairs/s", "reference pairs/s",
+        lines += table(["model", "mode", "layout", "B", "pairs/s", "reference pairs/s",
                          "ratio"],
                         [[r["model"] + (" remat" if r.get("remat") else ""), r["mode"],
                           r.get("layout", "packed"), r["batch_size"],
@@ -243,7 +244,7 @@ def markdown(results: dict) -> str:
     if results.get("targets"):
         lines += ["", "Targets (issue #15; MiniLM, this machine, same run; torch = the eager "
                   "PyTorch reference at batch 1):", ""]
-        lines += _table(["model", "layout", "target", "measured", "required", "status"],
+        lines += table(["model", "layout", "target", "measured", "required", "status"],
                         target_rows(results["targets"]))
     summaries = [c for c in results["cases"]
                  if "error" not in c and c["layout"] == "packed_tokens"]
@@ -262,7 +263,7 @@ def markdown(results: dict) -> str:
                   "tokens; above 100% where packed_tokens encodes rows with equal tokens once):",
                   ""]
         names = {"dense": "dense (bucketed E)", "reference_dense": "reference"}
-        lines += _table(["model", "B", *(names.get(k, k) for k in columns)], layout_rows)
+        lines += table(["model", "B", *(names.get(k, k) for k in columns)], layout_rows)
     curve_rows = []
     for curve in results.get("epoch_curves", []):
         if "error" in curve:
@@ -277,7 +278,7 @@ def markdown(results: dict) -> str:
         lines += ["", "Training epochs over the dev pairs (a curve's `split`: dev_train, the 254 "
                   "pairs a dev_train run trains on) repeated 1x/2x/4x (every batch shape "
                   "compiled beforehand):", ""]
-        lines += _table(["model", "layout", "B", "data", "pairs", "steps", "epoch s",
+        lines += table(["model", "layout", "B", "data", "pairs", "steps", "epoch s",
                          "pairs/s"], curve_rows)
         for curve in results.get("epoch_curves", []):
             if "error" in curve:
@@ -321,7 +322,7 @@ def comparison(runs: dict[str, dict]) -> str:
                                  _num(t["xla_flops"] / 1e9) if t.get("xla_flops") else "-",
                                  f"{c['memory'][f'rss_peak_after_{mode}_mib'] / 1024:.2f}",
                                  f"{c['load_average_before'][0]:.1f}"])
-    return "\n".join(_table(["run", "settings", "model", "layout", "B", "mode", "step s",
+    return "\n".join(table(["run", "settings", "model", "layout", "B", "mode", "step s",
                               "pairs/s", "compile s", "XLA GFLOP", "peak RSS GiB", "load"],
                              rows)) + "\n"
 

@@ -46,14 +46,16 @@ def narrow(grid: Grid, models: list[str] | None, batch_sizes: list[int] | None,
         curves=() if skip_curves else tuple(filter(keep, grid.curves)))
 
 
-def _run_module(module: str, args: list[str], timeout: int, env: dict) -> dict:
-    """Runs ``python -m module args --out FILE`` and returns the JSON it wrote, or an error."""
+def run_module(module: str, args: list[str], timeout: int, env: dict,
+                cwd: Path = REPO) -> dict:
+    """Runs ``python -m module args --out FILE`` in ``cwd`` (default: this tree) and returns
+    the JSON it wrote, or an error."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         start = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-m", module, *args, "--out", out],
-                                  cwd=REPO, env=env, timeout=timeout, capture_output=True,
+                                  cwd=cwd, env=env, timeout=timeout, capture_output=True,
                                   text=True)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout} s"}
@@ -86,7 +88,7 @@ def _run_recorded(label: str, module: str, args: list[str], key: str, spec, opti
     """Runs one benchmark module in its own process; returns its record with spec and load."""
     load = os.getloadavg()
     print(f"{label} (load {load[0]:.1f})", file=sys.stderr, flush=True)
-    record = _run_module(module, args, options.timeout, env)
+    record = run_module(module, args, options.timeout, env)
     record.setdefault(key, dataclasses.asdict(spec))
     record["load_average_before"] = load
     return record
@@ -142,7 +144,7 @@ def _curve_args(curve: Curve, options: argparse.Namespace) -> list[str]:
 
 def measure_peaks(grid: Grid, env: dict, timeout: int) -> dict:
     """The matmul peak of each dtype of the grid, in a fresh process."""
-    return {dtype: _run_module("benchmarks.flops", ["--size", str(grid.peak_size),
+    return {dtype: run_module("benchmarks.flops", ["--size", str(grid.peak_size),
                                                     "--dtype", dtype], timeout, env)
             for dtype in grid.peak_dtypes}
 

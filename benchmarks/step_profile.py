@@ -1,20 +1,23 @@
 """Where a train step's time goes: the step taken apart into separately jitted pieces.
 
 ``python -m benchmarks.step_profile --model M --layout L --batch-size B --out FILE`` times each
-piece; with ``--equations`` it compiles nothing and counts the steps' jaxpr equations.
-Details: benchmarks/README.md#the-code-file-by-file, #program-size-jaxpr-equations.
+piece; ``--equations`` counts the steps' jaxpr equations and ``--compile`` adds their cold compile
+seconds (nothing run). Details: benchmarks/README.md#the-code-file-by-file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
 import optax
 
+import trip_jax
 from benchmarks import cases, harness
 from trip_jax.runtime import jax_setup
 from trip_jax.training import losses
@@ -88,22 +91,55 @@ def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
             "parameters": parameters, "seconds": seconds, "share_of_train_step": shares}
 
 
-def equation_counts(model: str, layout: str, batch_size: int, *,
-                    remat: bool | None = None) -> dict:
-    """Jaxpr equations of model ``model``'s train and eval steps on a ``layout`` batch of
-    ``batch_size`` representative pairs (module docstring), with the parameter arrays' count;
-    ``remat`` overrides ``model.remat``."""
-    h = harness.Harness.build(model, abstract=True, remat=remat,
+def _abstract_case(model: str, layout: str, batch_size: int, remat: bool | None,
+                   dtype: str | None) -> tuple[harness.Harness, dict]:
+    """Model ``model`` with only the shapes of its train state (``Harness.build(abstract=True)``)
+    and a ``layout`` batch of ``batch_size`` representative pairs (host arrays)."""
+    h = harness.Harness.build(model, abstract=True, remat=remat, dtype=dtype,
                               overrides=cases.LAYOUTS[layout].overrides)
-    local = h.layout_batch(layout, harness.representative_pairs(h.encoded, batch_size))
+    return h, h.layout_batch(layout, harness.representative_pairs(h.encoded, batch_size))
+
+
+def _counts(h: harness.Harness, layout: str, batch_size: int, local: dict) -> dict:
+    """The record of ``equation_counts`` for a built case."""
     state = h.state
-    return {"model": model, "layout": layout, "batch_size": batch_size,
+    return {"model": h.name, "layout": layout, "batch_size": batch_size,
             "dtype": h.config.model.dtype, "remat": bool(h.config.model.remat),
             "encoder_layers": int(h.hf_config.num_hidden_layers),
             "detector_layers": int(h.config.model.tiered.detector_layers),
             "parameter_arrays": len(jax.tree_util.tree_leaves(state.params)),
             "train_step": harness.jaxpr_equations(h.train_step, state, local),
             "eval_step": harness.jaxpr_equations(h.eval_step, state.params, local)}
+
+
+def equation_counts(model: str, layout: str, batch_size: int, *,
+                    remat: bool | None = None, dtype: str | None = None) -> dict:
+    """Jaxpr equations of model ``model``'s train and eval steps on a ``layout`` batch of
+    ``batch_size`` representative pairs (module docstring), with the parameter arrays' count;
+    ``remat`` overrides ``model.remat``, ``dtype`` ``model.dtype``."""
+    h, local = _abstract_case(model, layout, batch_size, remat, dtype)
+    return _counts(h, layout, batch_size, local)
+
+
+def compile_seconds(model: str, layout: str, batch_size: int, *,
+                    remat: bool | None = None, dtype: str | None = None) -> dict:
+    """``equation_counts``'s record plus, per step (train, then eval), ``{step}_compile_s``:
+    ``step.lower(...).compile()`` on the shapes it counts (tracing, lowering and XLA, as
+    ``harness.time_compiled``'s ``compile_s``), and ``{step}_lower_s``, its trace and lowering.
+    Nothing is run. Compiled before the equations are counted (a trace would fill jax's caches);
+    ``persistent_cache`` says whether jax's compilation cache directory was set."""
+    h, local = _abstract_case(model, layout, batch_size, remat, dtype)
+    steps = {"train": (h.train_step, (h.state, local)),
+             "eval": (h.eval_step, (h.state.params, local))}
+    seconds = {}
+    for name, (step, args) in steps.items():
+        start = time.perf_counter()
+        lowered = step.lower(*args)
+        seconds[f"{name}_lower_s"] = time.perf_counter() - start
+        lowered.compile()
+        seconds[f"{name}_compile_s"] = time.perf_counter() - start
+    cache = bool(jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir)
+    return {**_counts(h, layout, batch_size, local), **seconds, "persistent_cache": cache}
 
 
 def main(argv=None) -> None:
@@ -115,15 +151,22 @@ def main(argv=None) -> None:
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--prng-impl", default=None)
     parser.add_argument("--remat", action="store_true",
-                        help="with --equations: count with model.remat on")
+                        help="with --equations or --compile: model.remat on")
+    parser.add_argument("--dtype", default=None,
+                        help="with --equations or --compile: override model.dtype")
     parser.add_argument("--equations", action="store_true",
                         help="count the steps' jaxpr equations of each --model (comma-separated)")
+    parser.add_argument("--compile", action="store_true",
+                        help="as --equations, and time compiling both steps (nothing run)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    if args.equations:
-        result = {"jax": jax.__version__,
-                  "cases": [equation_counts(m, args.layout, args.batch_size,
-                                            remat=True if args.remat else None)
+    if args.equations or args.compile:
+        if args.compile:  # cold compiles only: nothing read from or written to disk
+            jax.config.update("jax_enable_compilation_cache", False)
+        measure = compile_seconds if args.compile else equation_counts
+        result = {"jax": jax.__version__, "trip_jax": os.path.dirname(trip_jax.__file__),
+                  "cases": [measure(m, args.layout, args.batch_size,
+                                    remat=True if args.remat else None, dtype=args.dtype)
                             for m in args.model.split(",")]}
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

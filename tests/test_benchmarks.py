@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
-from benchmarks import cases, flops, harness, report, run, step_profile, train_speed
+from benchmarks import (cases, compile_seconds, flops, harness, report, run, step_profile,
+                        train_speed)
 from trip_jax.models.tiered import TieredConfig
 
 TORCH_FIELDS = {"first_run_s", "step_s", "step_s_all", "pairs_per_s", "real_rows_per_s",
@@ -217,3 +219,61 @@ def test_step_equations_do_not_grow_with_depth():
     for key in ("train_step", "eval_step", "parameter_arrays"):
         assert two[key] == four[key], key
     assert two["train_step"] > 1000 and two["dtype"] == "bfloat16"
+
+
+def test_compile_seconds_before_and_after(tmp_path, repo):
+    # benchmarks.compile_seconds on the tiny model: step_profile --compile (nothing run) in a
+    # worktree of the before commit (layers unrolled) and in this tree, a process each.
+    before = compile_seconds.BEFORE
+    if subprocess.run(["git", "cat-file", "-e", f"{before}^{{commit}}"], cwd=repo).returncode:
+        pytest.skip(f"commit {before} is not in this clone")
+    out = tmp_path / "compile.json"
+    results = compile_seconds.main(["--cases", "tiny:packed_tokens:1", "--out", str(out)])
+    assert json.loads(out.read_text())["markdown"] == results["markdown"]
+    assert results["complete"] and results["environment"]["nproc"] >= 1
+    assert results["trees"]["before"]["commit"] == before
+    [case] = results["cases"]
+    for tree in ("before", "after"):
+        record = case[tree]
+        assert "error" not in record, record.get("stderr_tail")
+        assert record["train_compile_s"] > record["train_lower_s"] > 0
+        assert record["eval_compile_s"] > record["eval_lower_s"] > 0
+        assert record["persistent_cache"] is False and record["encoder_layers"] == 2
+    # Before: a parameter array per layer and the layers' equations unrolled.
+    assert case["before"]["parameter_arrays"] > case["after"]["parameter_arrays"]
+    assert case["before"]["train_step"] > case["after"]["train_step"]
+    assert (f"| {case['before']['train_step']:,} / {case['after']['train_step']:,} | "
+            f"{case['before']['train_compile_s']:.1f} / {case['after']['train_compile_s']:.1f} |"
+            ) in results["markdown"]
+    assert str(out.parent) not in subprocess.run(["git", "worktree", "list"], cwd=repo,
+                                                 capture_output=True, text=True).stdout
+    assert "compile_seconds_" not in subprocess.run(
+        ["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+
+
+def test_compile_seconds_goals_and_planned_table():
+    def record(model, layout, layers, train_step, train_s):
+        return {"model": model, "layout": layout, "encoder_layers": layers,
+                "train_step": train_step, "train_compile_s": train_s, "eval_step": 500,
+                "eval_compile_s": 2.0, "dtype": "bfloat16"}
+
+    planned = compile_seconds.planned(
+        [compile_seconds.case_spec(*c) for c in cases.COMPILE_CASES], "minilm")
+    table = compile_seconds.markdown(planned)
+    assert table.count("| not measured yet") == 4 * len(cases.COMPILE_CASES)
+    assert "| large_exact | config, 1 | float32 | 24 |" in table
+    assert "| large_l2 | packed_tokens, 8 | bfloat16 | 2 |" in table
+    results = planned
+    for case, (layers, equations, seconds) in zip(
+            results["cases"], [(24, 2800, 12.0), (2, 3000, 9.0), (4, 3000, 9.5),
+                               (8, 3000, 9.9), (24, 3300, 11.0)]):
+        case["after"] = record(case["model"], case["layout"], layers, equations, seconds)
+    results["step"] = {"model": "minilm", "iters": 5,
+                       "before": {"train": {"step_s": 2.0}, "eval": {"step_s": 0.5}},
+                       "after": {"train": {"step_s": 2.2}, "eval": {"step_s": 0.4}}}
+    goals = {g["target"]: g for g in compile_seconds.goals(results)}
+    assert goals["paper_train_compile_s"]["measured"] == 12.0
+    assert goals["paper_train_compile_s"]["met"] is True
+    assert goals["train_equations_deep_over_shallow"]["measured"] == pytest.approx(1.1)
+    assert goals["step_train_after_over_before"]["missed_by"] == pytest.approx(0.1)
+    assert "train 2 s before, 2.2 s after (1.10x)" in compile_seconds.markdown(results)
