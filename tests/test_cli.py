@@ -174,7 +174,8 @@ ENTRY_POINTS = {
 MISTAKES = [
     ("main", "bad value", ["--mode=evalute"],
      "error: --mode: unknown value 'evalute'; did you mean 'evaluate'?"),
-    ("main", "unknown flag", ["--workdr=x"], "error: unknown flag --workdr; did you mean --workdir?"),
+    ("main", "unknown flag", ["--workdr=x"],
+     "error: unknown flag --workdr; did you mean --workdir?"),
     ("main", "missing file", ["--config=configs/tny.py"],
      "error: config file configs/tny.py does not exist"),
     ("score", "bad value", ["--format=csv"], "error: --format: unknown value 'csv' (choices: "),
@@ -293,3 +294,9 @@ def test_show_config_prints_the_config_and_stops(tmp_path, run_main):
 def test_every_config_file_passes_the_checks(name):
     rest, values = parse(["trip_jax.main", f"--config=configs/{name}.py", "--workdir=/x"])
     assert rest == ["trip_jax.main"] and values.config.train.learning_rate > 0
+
+
+def test_main_help_exits_0_as_the_other_commands(run_main):
+    result = run_main("--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--workdir" in result.stdout and "Try --helpfull" in result.stdout

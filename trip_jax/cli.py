@@ -329,6 +329,16 @@ def check_paths(flag_values: flags.FlagValues, names: Iterable[str]) -> None:
             raise UsageError(message)
 
 
+# What asks a command for its help (absl's spellings, and argparse's -h).
+HELP_ARGUMENTS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def _wants_help(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` (without the program name) asks for help before any ``--``."""
+    before = argv[:list(argv).index("--")] if "--" in argv else argv
+    return any(arg in HELP_ARGUMENTS for arg in before)
+
+
 def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *,
                  config_flag: str | None = "config",
                  config_choices: Mapping[str, Iterable[Any]] | None = None,
@@ -341,9 +351,15 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *,
     ``config_choices``, then ``config_check(config)`` (value ranges) and ``check(flag_values)``
     (both may raise UsageError); arguments besides the flags are refused unless ``positional``
     names them (then at least one is needed). Any usage error is one ``error: ...`` line on
-    stderr and exit status 2."""
+    stderr and exit status 2; on absl's FLAGS, ``--help`` is absl's help with exit status 0."""
 
     def parse(argv: list[str]) -> list[str]:
+        if flag_values is flags.FLAGS and _wants_help(argv[1:]):
+            # absl.app's help, but exit status 0 as the other commands' (command_parser).
+            app.usage(shorthelp="--helpfull" not in argv, writeto_stdout=True)
+            if "--helpfull" not in argv:
+                print("\nTry --helpfull to get a list of all flags.")
+            sys.exit(0)
         config = None
         try:
             try:
@@ -376,22 +392,12 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *,
     return parse
 
 
-# What asks a command for its help (absl's spellings, and argparse's -h).
-HELP_ARGUMENTS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
-
-
 class Command(NamedTuple):
     """A parsed command line: its flags and the arguments besides them (for ``data``, the
     command's name first)."""
 
     values: flags.FlagValues
     args: list[str]
-
-
-def _wants_help(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` (without the program name) asks for help before any ``--``."""
-    before = argv[:list(argv).index("--")] if "--" in argv else argv
-    return any(arg in HELP_ARGUMENTS for arg in before)
 
 
 def _print_help(doc: str, values: flags.FlagValues | None = None) -> None:
