@@ -425,10 +425,10 @@ def command_parser(define: Callable[[flags.FlagValues], None]
         chosen = define
         if isinstance(define, Mapping):
             first = argv[1] if len(argv) > 1 else None
-            if first is None or first in HELP_ARGUMENTS:
-                if first is not None:
-                    _print_help(doc)
-                    sys.exit(0)
+            if first in HELP_ARGUMENTS:
+                _print_help(doc)
+                sys.exit(0)
+            if first is None:
                 exit_usage(f"missing command: one of {', '.join(define)} (see --help)")
             if first not in define:
                 exit_usage(unknown_choice("command", first, define))
