@@ -259,8 +259,7 @@ def define_flags(values: flags.FlagValues) -> None:
 
 parse_flags = cli.command_parser(
     define_flags, doc=__doc__,
-    check=lambda command: cli.check_paths(command.values,
-                                          ("predictions", "data_file", "data_dir")))
+    check=lambda command: cli.check_paths(command.values, ["predictions"]))
 
 
 def _load_pairs(args: flags.FlagValues) -> tuple[list[StoryPair], list[str], list[str]]:

@@ -162,12 +162,11 @@ def define_flags(values: flags.FlagValues) -> None:
 
 
 def _check(command: cli.Command) -> None:
-    """UsageError for a RUN_DIR or ``--data_dir`` that does not exist."""
+    """UsageError for a RUN_DIR that does not exist."""
     for run in command.args:
         message = cli.missing_path("RUN_DIR", run)
         if message:
             raise cli.UsageError(message)
-    cli.check_paths(command.values, ["data_dir"])
 
 
 parse_flags = cli.command_parser(define_flags, doc=__doc__, positional="RUN_DIR",
