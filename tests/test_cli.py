@@ -9,8 +9,10 @@ import ml_collections
 import pytest
 from absl import flags
 
-from trip_jax import cli, main
+from trip_jax import cli, convert, main, score
 from trip_jax.config import checks
+from trip_jax.data import __main__ as data_command
+from trip_jax.evaluation import run_summary
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASE = ["trip_jax.main", "--config=configs/tiny.py", "--workdir=/nonexistent/run"]
@@ -159,6 +161,90 @@ def test_a_bug_outside_the_command_line_keeps_its_traceback():
         cli.flags_parser(values, check=broken_check)(argv)
 
 
+# Every entry point: its parser and a command line it accepts.
+ENTRY_POINTS = {
+    "main": (lambda argv: parse(argv)[0], BASE),
+    "score": (score.parse_flags, ["trip_jax.score", "--predictions=README.md", "--out=/x/out"]),
+    "data": (data_command.parse_flags, ["trip_jax.data", "download", "--dest=/x/data"]),
+    "run_summary": (run_summary.parse_flags, ["trip_jax.evaluation.run_summary", str(REPO)]),
+    "convert": (convert.parse_flags, ["trip_jax.convert", "--authors_model=README.md",
+                                      "--workdir=/x/w"]),
+}
+# (entry point, mistake, what follows its command line, the line it gives); missing data (a
+# --data_dir without the TRIP files) is exit status 1 in every command, as in main.
+MISTAKES = [
+    ("main", "bad value", ["--mode=evalute"],
+     "error: --mode: unknown value 'evalute'; did you mean 'evaluate'?"),
+    ("main", "unknown flag", ["--workdr=x"],
+     "error: unknown flag --workdr; did you mean --workdir?"),
+    ("main", "missing file", ["--config=configs/tny.py"],
+     "error: config file configs/tny.py does not exist"),
+    ("score", "bad value", ["--format=csv"], "error: --format: unknown value 'csv' (choices: "),
+    ("score", "unknown flag", ["--fromat=auto"], "error: unknown flag --fromat; did you mean "
+                                                 "--format?"),
+    ("score", "missing file", ["--predictions=/x/p.jsonl"],
+     "error: --predictions: /x/p.jsonl does not exist"),
+    ("data", "bad value", ["--timeout=soon"],
+     "error: bad value for --timeout: 'soon' (could not convert"),
+    ("data", "unknown flag", ["--dset=/x"], "error: unknown flag --dset; did you mean --dest?"),
+    ("run_summary", "bad value", ["--out"], "error: Missing value for flag --out"),
+    ("run_summary", "unknown flag", ["--ot=/x"], "error: unknown flag --ot; did you mean --out?"),
+    ("run_summary", "missing file", ["/x/seed22"], "error: RUN_DIR: /x/seed22 does not exist"),
+    ("convert", "bad value", ["--encoder"], "error: Missing value for flag --encoder"),
+    ("convert", "unknown flag", ["--encodr=roberta-large"],
+     "error: unknown flag --encodr; did you mean --encoder?"),
+    ("convert", "missing file", ["--authors_model=/x/m.pth"],
+     "error: --authors_model: /x/m.pth does not exist"),
+]
+
+
+@pytest.mark.parametrize("entry, mistake, added, expected", MISTAKES,
+                         ids=[f"{entry}-{mistake}" for entry, mistake, *_ in MISTAKES])
+def test_every_entry_point_refuses_a_mistake_in_one_line_with_status_2(entry, mistake, added,
+                                                                       expected, capsys):
+    parser, good = ENTRY_POINTS[entry]
+    parser(good)  # accepted
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        parser([*good, *added])
+    assert exit_info.value.code == cli.USAGE_EXIT_CODE
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["trip_jax.data"], "error: missing command: one of stats, download, tfds_build, "
+                        "entities_eval (see --help)"),
+    (["trip_jax.data", "stast"], "error: unknown command 'stast'; did you mean 'stats'?"),
+    (["trip_jax.data", "stats", "stray"], "error: unexpected arguments: stray"),
+    (["trip_jax.evaluation.run_summary", "--out=/x"], "error: missing RUN_DIR (one or more)"),
+    (["trip_jax.score", "--out=/x"], "error: --predictions is required"),
+])
+def test_commands_and_arguments_are_checked_as_flags_are(argv, expected, capsys):
+    parser = {"trip_jax.data": data_command.parse_flags, "trip_jax.score": score.parse_flags,
+              "trip_jax.evaluation.run_summary": run_summary.parse_flags}[argv[0]]
+    with pytest.raises(SystemExit) as exit_info:
+        parser(argv)
+    assert exit_info.value.code == cli.USAGE_EXIT_CODE
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+@pytest.mark.parametrize("argv", [["trip_jax.score", "--help"], ["trip_jax.data", "stats", "-h"],
+                                  ["trip_jax.convert", "--helpfull"]])
+def test_help_shows_the_commands_text_and_flags_and_exits_0(argv, capsys):
+    parser = {"trip_jax.data": data_command.parse_flags, "trip_jax.score": score.parse_flags,
+              "trip_jax.convert": convert.parse_flags}[argv[0]]
+    with pytest.raises(SystemExit) as exit_info:
+        parser(argv)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert f"python -m {argv[0]}" in out and "flags:" in out
+    assert ("--authors_model" if argv[0] == "trip_jax.convert" else "--data_dir") in out
+
+
 @pytest.mark.parametrize("flag, devices, expected", [
     ("--config.train.learnin_rate=1", 1, "did you mean --config.train.learning_rate?"),
     ("--config=configs/tiny.py:omit_stry", 1, "did you mean 'omit_story'?"),
@@ -206,3 +292,9 @@ def test_show_config_prints_the_config_and_stops(tmp_path, run_main):
 def test_every_config_file_passes_the_checks(name):
     rest, values = parse(["trip_jax.main", f"--config=configs/{name}.py", "--workdir=/x"])
     assert rest == ["trip_jax.main"] and values.config.train.learning_rate > 0
+
+
+def test_main_help_exits_0_as_the_other_commands(run_main):
+    result = run_main("--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--workdir" in result.stdout and "Try --helpfull" in result.stdout

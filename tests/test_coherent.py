@@ -168,7 +168,12 @@ def test_run_summary_gives_the_spread_of_finished_runs(coherent_run, tmp_path, c
     first = summary["runs"][0]
     assert first["wall_seconds"] > 0 and first["seed"] == 22
     assert first["held_out"]["accuracy"] is not None
-    assert run_summary.main([str(workdir), str(second), f"--out={tmp_path}"]) == 0
+    assert run_summary.main(run_summary.parse_flags(
+        ["run_summary", str(workdir), str(second), f"--out={tmp_path}"])) == 0
     assert "| coherent |" in (tmp_path / "summary.md").read_text()
-    assert run_summary.main([str(tmp_path / "missing")]) == 1
-    assert "is missing" in capsys.readouterr().err
+    capsys.readouterr()
+    assert run_summary.main(run_summary.parse_flags(["run_summary", str(tmp_path)])) == 1
+    assert "is missing" in capsys.readouterr().err  # a directory that is not a finished run
+    with pytest.raises(SystemExit) as exited:  # a path that does not exist: a usage error
+        run_summary.parse_flags(["run_summary", str(tmp_path / "missing")])
+    assert exited.value.code == 2 and "does not exist" in capsys.readouterr().err

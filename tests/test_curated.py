@@ -167,8 +167,8 @@ def test_run_summary_splits_by_the_marker(tmp_path, data, fx, monkeypatch):
     text = run_summary.markdown(summary)
     assert "| two | 100.0 / 100.0 / 100.0 (1 pairs) | 100.0 / 100.0 / 0.0 (1 pairs) |" in text
     assert "| mean (min–max) |" in text
-    assert run_summary.main([str(first), str(second), f"--out={tmp_path}",
-                             f"--data_dir={data}"]) == 0
+    assert run_summary.main(run_summary.parse_flags([
+        "run_summary", str(first), str(second), f"--out={tmp_path}", f"--data_dir={data}"])) == 0
     assert "Curated and implicit" in (tmp_path / "summary.md").read_text()
 
 

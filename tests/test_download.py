@@ -14,7 +14,13 @@ import threading
 import pytest
 
 from trip_jax.data import download
-from trip_jax.data.__main__ import main
+from trip_jax.data import __main__ as data_command
+
+
+def main(argv: list[str]) -> int:
+    """``python -m trip_jax.data ARGV``, in process: parse, then run."""
+    return data_command.main(data_command.parse_flags(["trip_jax.data", *argv]))
+
 
 RELEASE_SAMPLE = "sample.www_2s.json"  # in the shared data directory
 

@@ -7,7 +7,13 @@ import json
 import pytest
 
 from trip_jax.data import readers, record_checks, stats
-from trip_jax.data.__main__ import main
+from trip_jax.data import __main__ as data_command
+
+
+def main(argv: list[str]) -> int:
+    """``python -m trip_jax.data ARGV``, in process: parse, then run."""
+    return data_command.main(data_command.parse_flags(["trip_jax.data", *argv]))
+
 
 def test_shared_plausible_story_is_counted_once(fx, tmp_path):
     pairs = readers.read_pairs(fx.write_jsonl(tmp_path / "dev.cgli.jsonl", fx.cgli_records()))

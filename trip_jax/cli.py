@@ -1,8 +1,8 @@
-"""Command-line parsing for ``trip_jax.main``: every mistake in the flags is one line, exit 2.
+"""Command-line parsing for every entry point (absl flags): every mistake is one line, exit 2.
 
-``flags_parser(...)`` (for ``absl.app.run``) parses the flags, loads and checks the config and
-turns absl's and ml_collections' failures into one ``error: ...`` line naming the key and what is
-allowed; ``terminal_setup()`` keeps warnings to one line. Details: docs/reference.md#allowed-values.
+``flags_parser(...)`` (``trip_jax.main``) and ``command_parser(...)`` (score, data, run_summary,
+convert: their flags in a fresh FlagValues) turn absl's and ml_collections' failures into one
+``error: ...`` line naming the flag, file or key; ``terminal_setup()`` keeps warnings to one line.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_collections
-from absl import flags
+from absl import app, flags
 from ml_collections.config_flags import config_flags as config_flags_lib
 
 USAGE_EXIT_CODE = 2
@@ -284,11 +284,11 @@ def _flag_error(err: flags.Error, flag_values: flags.FlagValues, config: Any,
 
 
 def describe_parse_error(err: Exception, argv: Sequence[str], flag_values: flags.FlagValues,
-                         config_flag: str = "config") -> str | None:
+                         config_flag: str | None = "config") -> str | None:
     """One line explaining why parsing ``argv`` raised ``err``; None if it is not a usage
     error (a bug, whose traceback should be seen)."""
     config = None
-    argument = _flag_argument(argv[1:], config_flag)
+    argument = _flag_argument(argv[1:], config_flag) if config_flag else None
     try:
         if argument is not None:
             # Load the config afresh: a bad file or argument is the cause of everything else.
@@ -297,27 +297,77 @@ def describe_parse_error(err: Exception, argv: Sequence[str], flag_values: flags
     except UsageError as usage:
         return str(usage)
     if isinstance(err, flags.Error):
-        return _flag_error(err, flag_values, config, config_flag)
+        return _flag_error(err, flag_values, config, config_flag or "")
     return None
 
 
-def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: str = "config",
+def exit_usage(message: str) -> None:
+    """Prints ``error: MESSAGE`` (one line) on stderr and exits with status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(USAGE_EXIT_CODE)
+
+
+def missing_path(what: str, path: str) -> str | None:
+    """``WHAT: PATH does not exist`` (with the closest sibling, if one is close), or None when
+    ``path`` exists; ``what`` names the flag (``--predictions``) or argument (``RUN_DIR``)."""
+    if os.path.exists(path):
+        return None
+    parent = os.path.dirname(path.rstrip(os.sep))
+    siblings = glob.glob(os.path.join(parent, "*")) if os.path.isdir(parent or ".") else []
+    suggestion = closest(path, siblings)
+    hint = f"; did you mean {suggestion}?" if suggestion else ""
+    return f"{what}: {path} does not exist{hint}"
+
+
+def check_paths(flag_values: flags.FlagValues, names: Iterable[str]) -> None:
+    """UsageError for the first flag of ``names`` (those ``flag_values`` has) set to a path that
+    does not exist."""
+    for name in names:
+        value = flag_values[name].value if name in flag_values else None
+        message = missing_path(f"--{name}", value) if value else None
+        if message:
+            raise UsageError(message)
+
+
+# What asks a command for its help (absl's spellings, and argparse's -h).
+HELP_ARGUMENTS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def _wants_help(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` (without the program name) asks for help before any ``--``."""
+    before = argv[:list(argv).index("--")] if "--" in argv else argv
+    return any(arg in HELP_ARGUMENTS for arg in before)
+
+
+def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *,
+                 config_flag: str | None = "config",
                  config_choices: Mapping[str, Iterable[Any]] | None = None,
                  config_check: Callable[[ml_collections.ConfigDict], None] | None = None,
                  check: Callable[[flags.FlagValues], None] | None = None,
+                 positional: str | None = None,
                  ) -> Callable[[list[str]], list[str]]:
     """A ``flags_parser`` for ``absl.app.run``: parses ``argv`` into ``flag_values``, loads the
-    config, checks ``config_choices``, then ``config_check(config)`` (value ranges) and
-    ``check(flag_values)`` (both may raise UsageError); any usage error is one ``error: ...``
-    line on stderr and exit status 2."""
+    config (``config_flag``, a config-file flag; None for a command without one), checks
+    ``config_choices``, then ``config_check(config)`` (value ranges) and ``check(flag_values)``
+    (both may raise UsageError); arguments besides the flags are refused unless ``positional``
+    names them (then at least one is needed). Any usage error is one ``error: ...`` line on
+    stderr and exit status 2; on absl's FLAGS, ``--help`` is absl's help with exit status 0."""
 
     def parse(argv: list[str]) -> list[str]:
+        if flag_values is flags.FLAGS and _wants_help(argv[1:]):
+            # absl.app's help, but exit status 0 as the other commands' (command_parser).
+            app.usage(shorthelp="--helpfull" not in argv, writeto_stdout=True)
+            if "--helpfull" not in argv:
+                print("\nTry --helpfull to get a list of all flags.")
+            sys.exit(0)
+        config = None
         try:
             try:
                 rest = flag_values(argv)
-                config = flag_values[config_flag].value
-                if config is not None:
-                    config_values(config)  # a config file that failed to load raises here
+                if config_flag is not None:
+                    config = flag_values[config_flag].value
+                    if config is not None:
+                        config_values(config)  # a config file that failed to load raises here
             except UsageError:
                 raise
             except Exception as err:  # absl, ml_collections and config files raise many types
@@ -325,8 +375,10 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: st
                 if message is None:
                     raise
                 raise UsageError(message) from err
-            if len(rest) > 1:
+            if positional is None and len(rest) > 1:
                 raise UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
+            if positional is not None and len(rest) < 2:
+                raise UsageError(f"missing {positional} (one or more)")
             if config is not None:
                 check_config_choices(config, config_choices or {})
                 if config_check is not None:
@@ -334,8 +386,79 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: st
             if check is not None:
                 check(flag_values)
         except UsageError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(USAGE_EXIT_CODE)
+            exit_usage(str(err))
         return rest
 
     return parse
+
+
+class Command(NamedTuple):
+    """A parsed command line: its flags and the arguments besides them (for ``data``, the
+    command's name first)."""
+
+    values: flags.FlagValues
+    args: list[str]
+
+
+def _print_help(doc: str, values: flags.FlagValues | None = None) -> None:
+    """``doc`` and the flags of ``values`` on stdout (what ``--help`` shows)."""
+    text = doc.strip() + "\n"
+    if values is not None:
+        text += "\nflags:\n" + values.get_help(include_special_flags=False) + "\n"
+    print(text, end="")
+
+
+def command_parser(define: Callable[[flags.FlagValues], None]
+                   | Mapping[str, Callable[[flags.FlagValues], None]], *, doc: str,
+                   positional: str | None = None,
+                   check: Callable[[Command], None] | None = None,
+                   ) -> Callable[[Sequence[str]], Command]:
+    """The ``flags_parser`` of a command other than ``trip_jax.main`` (``run``): ``define``
+    puts its flags into a fresh FlagValues at each parse, so commands imported together never
+    clash; a mapping of names to ``define`` makes the first argument a command (as ``python -m
+    trip_jax.data stats``). ``--help`` prints ``doc`` and the flags, exit 0; any mistake (also a
+    UsageError of ``check(command)``) is ``flags_parser``'s one line, exit 2."""
+
+    def parse(argv: Sequence[str]) -> Command:
+        argv = list(argv)
+        names: list[str] = []
+        chosen = define
+        if isinstance(define, Mapping):
+            first = argv[1] if len(argv) > 1 else None
+            if first in HELP_ARGUMENTS:
+                _print_help(doc)
+                sys.exit(0)
+            if first is None:
+                exit_usage(f"missing command: one of {', '.join(define)} (see --help)")
+            if first not in define:
+                exit_usage(unknown_choice("command", first, define))
+            names, chosen = [first], define[first]
+            argv = [f"{argv[0]} {first}", *argv[2:]]
+        values = flags.FlagValues()
+        chosen(values)
+        if _wants_help(argv[1:]):
+            _print_help(doc, values)
+            sys.exit(0)
+        rest = flags_parser(values, config_flag=None, positional=positional)(argv)
+        command = Command(values, names + rest[1:])
+        if check is not None:
+            try:
+                check(command)
+            except UsageError as err:
+                exit_usage(str(err))
+        return command
+
+    return parse
+
+
+def run(main: Callable[[Command], int | None], parser: Callable[[Sequence[str]], Command]
+        ) -> None:
+    """``absl.app.run(main)`` with ``parser`` (``command_parser``) as its flags parser; absl's
+    own flags (logging) keep their defaults, as under ``trip_jax.main``."""
+
+    def parse(argv: list[str]) -> Command:
+        command = parser(argv)
+        flags.FLAGS.mark_as_parsed()  # absl.app.run requires its FLAGS to be parsed
+        return command
+
+    app.run(main, flags_parser=parse)

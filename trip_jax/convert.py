@@ -14,20 +14,19 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 from trip_jax import cli
 from trip_jax.interop import authors_model, torch_pickle
 from trip_jax.runtime import paths
 
-FLAGS = flags.FLAGS
 STEP = 0
 # jax, flax, orbax and transformers are imported once the file has been read and checked, so
 # that a bad file is refused in a fraction of a second.
 
 
-def define_flags(values: flags.FlagValues = FLAGS) -> None:
-    """The command's flags (tests pass a fresh FlagValues)."""
+def define_flags(values: flags.FlagValues) -> None:
+    """The command's flags, defined in ``values``."""
     flags.DEFINE_string("authors_model", None, "The authors' torch.save(model) file "
                         "(classifiers.pth).", flag_values=values)
     flags.DEFINE_string("workdir", None, "The new workdir to write (must not exist, or be "
@@ -161,42 +160,30 @@ def _write(workdir: str, config, hf_config, tokenizer, params, meta) -> None:
             shutil.rmtree(staging)
 
 
-def main(argv) -> None:
-    """Runs the conversion of the parsed flags; bad input is one line and exit status 2."""
-    del argv
+parse_flags = cli.command_parser(
+    define_flags, doc=__doc__,
+    check=lambda command: cli.check_paths(command.values, ["authors_model"]))
+
+
+def main(command: cli.Command) -> None:
+    """Runs the conversion of the parsed flags (``parse_flags``); bad input is one line and exit
+    status 2."""
+    values = command.values
     try:
-        result = convert(FLAGS.authors_model, FLAGS.workdir, encoder=FLAGS.encoder,
-                         config_argument=FLAGS.config)
+        result = convert(values.authors_model, values.workdir, encoder=values.encoder,
+                         config_argument=values.config)
     except (ValueError, cli.UsageError) as err:  # ConvertError, TorchFileError, ...
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         sys.exit(cli.USAGE_EXIT_CODE)
     logging.info("dropped (unused by the authors' forward pass): %s",
                  ", ".join(result["dropped"]) or "nothing")
-    command = " ".join(["python -m trip_jax.main", f"--config={result['config_argument']}",
-                        f"--workdir={FLAGS.workdir}", *result["overrides"],
-                        "--mode=evaluate --split=test"])
-    print(f"wrote {FLAGS.workdir} (encoder {result['encoder']}; dropped "
+    command_line = " ".join(["python -m trip_jax.main", f"--config={result['config_argument']}",
+                             f"--workdir={values.workdir}", *result["overrides"],
+                             "--mode=evaluate --split=test"])
+    print(f"wrote {values.workdir} (encoder {result['encoder']}; dropped "
           f"{len(result['dropped'])} unused tensors: {', '.join(result['dropped']) or 'none'})")
-    print(f"evaluate it with: {command}")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """Parses ``argv`` into FLAGS; any mistake is one ``error: ...`` line and exit status 2."""
-    try:
-        try:
-            rest = FLAGS(argv)
-        except flags.Error as err:
-            raise cli.UsageError(cli.describe_parse_error(err, argv, FLAGS) or str(err)) from None
-        if len(rest) > 1:
-            raise cli.UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
-    except cli.UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(cli.USAGE_EXIT_CODE)
-    return rest
+    print(f"evaluate it with: {command_line}")
 
 
 if __name__ == "__main__":
-    # Defined only when run as a command: trip_jax.main defines --workdir and --config on the
-    # same global FlagValues, and both modules may be imported in one process (the tests).
-    define_flags()
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main, parse_flags)

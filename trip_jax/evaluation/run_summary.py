@@ -7,15 +7,16 @@ Details: docs/reference.md#metrics ("Curated and implicit pairs").
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from absl import flags
 from etils import epath
 
+from trip_jax import cli
 from trip_jax.data import curated
 from trip_jax.runtime import paths
 from trip_jax.config import migrate
@@ -152,22 +153,36 @@ def _marker_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry (module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m trip_jax.evaluation.run_summary",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="finished training workdirs")
-    parser.add_argument("--out", help="where summary.md and summary.json go "
-                                      "(default: the runs' common parent)")
-    parser.add_argument("--data_dir", help="TRIP data directory with the curated marker, for "
-                                           "reports without it (default: $TRIP_DATA_DIR)")
-    args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues) -> None:
+    """The command's flags (module docstring); the run directories are its arguments."""
+    flags.DEFINE_string("out", None, "where summary.md and summary.json go (default: the runs' "
+                        "common parent)", flag_values=values)
+    flags.DEFINE_string("data_dir", None, "TRIP data directory with the curated marker, for "
+                        "reports without it (default: $TRIP_DATA_DIR)", flag_values=values)
+
+
+def _check(command: cli.Command) -> None:
+    """UsageError for a RUN_DIR that does not exist."""
+    for run in command.args:
+        message = cli.missing_path("RUN_DIR", run)
+        if message:
+            raise cli.UsageError(message)
+
+
+parse_flags = cli.command_parser(define_flags, doc=__doc__, positional="RUN_DIR",
+                                 check=_check)
+
+
+def main(command: cli.Command) -> int:
+    """Runs the parsed command (``parse_flags``): RUN_DIR arguments, ``--out``, ``--data_dir``."""
+    cli.terminal_setup()
+    values, runs = command.values, command.args
     try:
-        summary = summarize(args.runs, args.data_dir)
+        summary = summarize(runs, values.data_dir)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    out = epath.Path(args.out or os.path.commonpath([os.path.abspath(r) for r in args.runs]))
+    out = epath.Path(values.out or os.path.commonpath([os.path.abspath(r) for r in runs]))
     out.mkdir(parents=True, exist_ok=True)
     paths.write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     paths.write_atomic(out / "summary.md", markdown(summary))
@@ -177,4 +192,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main, parse_flags)
