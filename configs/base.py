@@ -33,7 +33,7 @@ misspelt key is an error.
 
 import ml_collections
 
-from trip_jax.cli import unknown_choice
+from trip_jax.config.messages import unknown_choice
 from trip_jax.config import fields, sections
 from trip_jax.training.losses import LOSS_PRESETS
 

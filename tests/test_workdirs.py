@@ -22,6 +22,7 @@ from etils import epath
 from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
+from trip_jax.config.typed import typed
 from trip_jax.data import schema
 from trip_jax.evaluation import metrics, predict, reports
 from trip_jax.models import builders
@@ -90,7 +91,7 @@ def test_fake_gcs_is_what_epath_uses_for_gs_paths(fake_gcs):
 def test_run_files_and_tokenizer_round_trip(fake_gcs):
     root, fs = fake_gcs
     workdir = str(root / "run")
-    config = importlib.import_module("configs.tiny").get_config()
+    config = typed(importlib.import_module("configs.tiny").get_config())
     tokenizer = build_word_level_tokenizer(["Mary went to the kitchen.", "She ate an apple."])
     hf_config = builders.random_encoder_config(config.model, tokenizer)
     checkpoints.write_run_files(workdir, config, hf_config, tokenizer)

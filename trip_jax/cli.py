@@ -4,8 +4,8 @@ absl and ml_collections report a bad command line in several ways: a FATAL messa
 usage hint (unknown flag, bad value), a Python traceback (misspelt config key, a config file
 that raises), or nothing until the config is first used (a config file that does not exist).
 ``flags_parser(...)`` returns a parser for ``absl.app.run(main, flags_parser=...)`` that parses
-the flags, loads the config, checks the choice-valued config keys and, with ``config_check``
-(main's is ``trip_jax.config.checks``), the value ranges, and turns any of those failures into
+the flags, loads the config, runs ``config_check`` on it (main's builds the typed config,
+``trip_jax.config.typed``, which checks every value) and turns any of those failures into
 one line on stderr naming the key and its closest valid spelling or its allowed values:
 
     error: unknown config key --config.train.learnin_rate; did you mean --config.train.learning_rate?
@@ -18,7 +18,6 @@ line a message: warnings print as ``warning: ...`` without Python's source line.
 
 from __future__ import annotations
 
-import difflib
 import glob
 import logging
 import os
@@ -26,12 +25,14 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ml_collections
 from absl import flags
 from ml_collections.config_flags import config_flags as config_flags_lib
+
+from trip_jax.config.messages import closest, unknown_choice
 
 USAGE_EXIT_CODE = 2
 
@@ -158,20 +159,6 @@ class UsageError(Exception):
     """A mistake on the command line; its message is the one line shown to the user."""
 
 
-def closest(word: str, choices: Iterable[str]) -> str | None:
-    """The choice most similar to ``word`` (difflib), or None when none is close."""
-    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return matches[0] if matches else None
-
-
-def unknown_choice(what: str, value: Any, choices: Iterable[Any]) -> str:
-    """One line: ``unknown WHAT 'VALUE'; did you mean 'X'? (choices: ...)``."""
-    choices = list(choices)
-    suggestion = closest(str(value), [str(c) for c in choices])
-    hint = f"; did you mean {suggestion!r}?" if suggestion is not None else ""
-    return f"unknown {what} {value!r}{hint} (choices: {', '.join(repr(c) for c in choices)})"
-
-
 def config_values(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
     """Every key of ``config`` (sections included) by dotted path, e.g. ``train.seed``."""
     out = {}
@@ -251,17 +238,6 @@ def check_config_keys(config: ml_collections.ConfigDict, keys: Iterable[str],
             raise UsageError(f"unknown config key --{name}.{key}{hint}")
 
 
-def check_config_choices(config: ml_collections.ConfigDict,
-                         choices: Mapping[str, Iterable[Any]]) -> None:
-    """UsageError when a choice-valued key (``choices``: dotted key -> allowed values) holds
-    another value."""
-    values = config_values(config)
-    for key, allowed in choices.items():
-        allowed = tuple(allowed)
-        if key in values and values[key] not in allowed:
-            raise UsageError(f"config key {key}: " + unknown_choice("value", values[key], allowed))
-
-
 def _flag_error(err: flags.Error, flag_values: flags.FlagValues, config: Any,
                 config_flag: str) -> str:
     """One line for an absl error about a single flag."""
@@ -313,12 +289,11 @@ def describe_parse_error(err: Exception, argv: Sequence[str], flag_values: flags
 
 
 def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: str = "config",
-                 config_choices: Mapping[str, Iterable[Any]] | None = None,
-                 config_check: Callable[[ml_collections.ConfigDict], None] | None = None,
+                 config_check: Callable[[ml_collections.ConfigDict], Any] | None = None,
                  check: Callable[[flags.FlagValues], None] | None = None,
                  ) -> Callable[[list[str]], list[str]]:
     """A ``flags_parser`` for ``absl.app.run``: parses ``argv`` into ``flag_values``, loads the
-    config, checks ``config_choices``, then ``config_check(config)`` (value ranges) and
+    config, then runs ``config_check(config)`` (main's builds the typed config) and
     ``check(flag_values)`` (both may raise UsageError); any usage error is one ``error: ...``
     line on stderr and exit status 2."""
 
@@ -339,7 +314,6 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *, config_flag: st
             if len(rest) > 1:
                 raise UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
             if config is not None:
-                check_config_choices(config, config_choices or {})
                 if config_check is not None:
                     config_check(config)
             if check is not None:
