@@ -9,10 +9,9 @@ import re
 import pytest
 
 from configs import base, minilm
-from trip_jax.data import layouts, protocol
+from trip_jax.data import layouts
 from trip_jax.models import builders
-from trip_jax.runtime import jax_setup
-from trip_jax.training import checkpoints, optimizers, selection
+from trip_jax.training import checkpoints, optimizers
 from trip_jax.config import checks, fields, migrate, sections
 from trip_jax.config.messages import ConfigError
 from trip_jax.config.typed import as_dict, replace, typed
@@ -40,18 +39,14 @@ def test_the_checks_are_the_schemas():
 
 @pytest.mark.parametrize("key, implemented", [
     ("data.format", ("", *readers.FORMATS)),
-    ("data.protocol", protocol.PROTOCOLS),
     ("data.layout", layouts.NAMES),
     ("data.token_types", features.TOKEN_TYPES),
     ("data.entity_padding", layouts.ENTITY_PADDINGS),
     ("model.dtype", tuple(builders.DTYPES)),
-    ("model.matmul_precision", tiered.MATMUL_PRECISIONS),
     ("model.random_encoder.model_type", encoders.SUPPORTED_MODEL_TYPES),
     ("model.tiered.detector_activation", tuple(sorted(tiered._ACTIVATIONS))),
     ("train.optimizer", optimizers.OPTIMIZERS),
     ("train.schedule", optimizers.SCHEDULES),
-    ("train.prng_impl", jax_setup.PRNG_IMPLS),
-    ("train.selection", selection.SELECTIONS),
 ])
 def test_each_choice_is_what_the_module_using_it_implements(key, implemented):
     assert checks.CHOICES[key] == tuple(implemented)

@@ -232,5 +232,3 @@ def test_cell_views_place_rows_and_padding_on_the_grid_and_tracks():
     track_values = jnp.asarray([[1.0] * 3, [2.0] * 3, [7.0] * 3, [9.0] * 3])
     np.testing.assert_array_equal(real.from_tracks(track_values).reshape(4, 3)[:, 0],
                                   [1, 9, 9, 2])
-    with pytest.raises(ValueError, match="cells"):
-        cell_view("all", batch, row_index)

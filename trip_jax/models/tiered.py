@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from trip_jax.config.sections import MatmulPrecision, TieredConfig, choices_of
+from trip_jax.config.sections import TieredConfig
 from trip_jax.data.schema import MAX_CLASSES, NUM_ATTRIBUTES, NUM_CLASSES
 from trip_jax.models import exact_mode, layer_stack
 from trip_jax.models.cells import cell_view
@@ -26,8 +26,6 @@ from trip_jax.models.encoders import build_encoder
 NEG_LOGIT = -1e9
 
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
-# model.matmul_precision: ``jax.default_matmul_precision``'s name of every matmul's precision.
-MATMUL_PRECISIONS: tuple[str, ...] = choices_of(MatmulPrecision)
 
 
 def class_mask(num_classes: tuple[int, ...]) -> np.ndarray:
@@ -157,7 +155,7 @@ class TieredModel(nn.Module):
     ``encoder`` is a module following the encoder contract (see ``build_tiered_model`` to build
     it from a Hugging Face config); its parameters live under ``params["encoder"]``. Every
     matmul of the model (encoder, heads, detector; their gradients too) runs at
-    ``matmul_precision`` (``MATMUL_PRECISIONS``). ``max_sentences`` is S (``data.max_sentences``);
+    ``matmul_precision`` (model.matmul_precision). ``max_sentences`` is S (``data.max_sentences``);
     the attributes and their classes are the data's (``trip_jax.data.schema``).
     """
 
@@ -287,11 +285,8 @@ def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *, max_
     ``build_encoder(hf_config)``.
 
     ``dtype``/``remat`` go to the encoder; the heads and detector compute in float32; every
-    matmul at ``matmul_precision`` (one of ``MATMUL_PRECISIONS``, else ValueError).
+    matmul at ``matmul_precision`` (``jax.default_matmul_precision``'s name).
     """
-    if matmul_precision not in MATMUL_PRECISIONS:
-        raise ValueError(f"unknown model.matmul_precision {matmul_precision!r}; expected one of "
-                         f"{MATMUL_PRECISIONS}")
     return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat),
                        max_sentences=max_sentences, config=config,
                        matmul_precision=matmul_precision)
