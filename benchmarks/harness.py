@@ -134,7 +134,7 @@ class ModelData:
 
     def encoder_config(self):
         """The Hugging Face config of the model's encoder (no weights loaded)."""
-        model = self.config.model
+        model = typed(self.config).model
         if model.encoder:
             return weights.load_config(weights.resolve_model_dir(model.encoder))
         return builders.random_encoder_config(model, self.tokenizer)

@@ -82,9 +82,9 @@ def test_prediction_requests_become_contract_batches(data):
 
 
 def test_model_outputs_follow_the_contract(data, tiny_config):
-    config = tiny_config()
+    config = typed(tiny_config())
     hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
-    model = builders.build_model(typed(config), hf_config)
+    model = builders.build_model(config, hf_config)
     batch = next(input_pipeline.batch_stream(data.test, data.layout, 2))
     sizes = data.layout.check(batch)
     # Shapes and dtypes only: jax.eval_shape traces the model without running it.
