@@ -22,7 +22,7 @@ from etils import epath
 from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
-from trip_jax.config.typed import typed
+from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import schema
 from trip_jax.evaluation import metrics, predict, reports
 from trip_jax.models import builders
@@ -99,7 +99,7 @@ def test_run_files_and_tokenizer_round_trip(fake_gcs):
     files = stored(fs)
     assert {f"{workdir}/config.json", f"{workdir}/encoder_config.json",
             f"{workdir}/tokenizer/tokenizer.json"} <= files
-    assert json.loads((root / "run" / "config.json").read_text()) == json.loads(config.to_json())
+    assert json.loads((root / "run" / "config.json").read_text()) == as_dict(config)
     encoder = json.loads((root / "run" / "encoder_config.json").read_text())
     assert encoder["vocab_size"] == tokenizer_info(tokenizer).vocab_size
 
