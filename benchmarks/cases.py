@@ -25,7 +25,7 @@ BASE_ENCODER = dict(model_type="bert", hidden_size=768, num_hidden_layers=12,
                     max_position_embeddings=512)
 LARGE_ENCODER = dict(model_type="roberta", hidden_size=1024, num_hidden_layers=24,
                      num_attention_heads=16, intermediate_size=4096,
-                     max_position_embeddings=514, layer_norm_eps=1e-5)
+                     max_position_embeddings=514)  # keys of model.random_encoder only
 SMOKE_LARGE_ENCODER = dict(LARGE_ENCODER, hidden_size=64, num_hidden_layers=2,
                            num_attention_heads=2, intermediate_size=128)
 # name: (random encoder, model.dtype or None for the config's).

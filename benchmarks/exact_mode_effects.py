@@ -19,11 +19,12 @@ import optax
 
 from benchmarks import harness
 from configs import base, minilm
-from trip_jax.data import protocol
+from trip_jax.config.typed import typed
+from trip_jax.data import protocol, schema
 from trip_jax.models import builders
 from trip_jax.training import losses, optimizers
 from trip_jax.data import batching, features, layouts, tokenizers
-from trip_jax.models.tiered import TieredConfig, build_tiered_model
+from trip_jax.models.tiered import build_tiered_model
 
 # One key per difference: its clean value (the exact value is configs/base.py REFERENCE_MODES).
 PIECES = {
@@ -57,9 +58,8 @@ def build(config, hf_config, pair, tokenizer, data_max_entities: int):
     dense.layout, dense.seq_len = "dense", 0  # every cell a row, E and T bucketed
     layout = dataclasses.replace(layouts.from_config(dense), num_entities=fixed)
     (batch,) = layout.batches(encoded, batching.Epoch(1))
-    tiered = TieredConfig.from_mapping({**config.model.tiered.to_dict(),
-                                        "max_sentences": data.max_sentences})
-    return (build_tiered_model(hf_config, tiered), batch,
+    return (build_tiered_model(hf_config, typed(config).model.tiered,
+                               max_sentences=data.max_sentences), batch,
             losses.LossConfig.from_mapping(config.loss))
 
 
@@ -148,7 +148,7 @@ def main() -> None:
     model, batch, loss_config = variant(exact)
     params = jax.jit(model.init)(jax.random.key(exact.train.seed), batch)["params"]
     params = {**params, "encoder": jax.tree.map(jnp.asarray, encoder_params)}
-    num_classes = model.config.num_classes
+    num_classes = schema.NUM_CLASSES
     out, base_losses = forward(model, params, batch, loss_config)
     base_values = real_cells(out, batch, num_classes)
     results = {

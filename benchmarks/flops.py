@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trip_jax.data import schema
 from trip_jax.models.tiered import TieredConfig
 
 
@@ -33,14 +34,15 @@ def encoder_forward_flops(hf_config, lengths: np.ndarray) -> float:
     return float(2 * n * lengths.sum() + attention)
 
 
-def heads_detector_forward_flops(hidden: int, tiered: TieredConfig, slots: int) -> float:
+def heads_detector_forward_flops(hidden: int, tiered: TieredConfig, slots: int,
+                                 max_sentences: int) -> float:
     """Forward FLOPs of the state heads, the projections and the conflict detector over
-    ``slots`` (story, entity, sentence) rows."""
-    a, c, s = tiered.num_attributes, tiered.max_classes, tiered.max_sentences
+    ``slots`` (story, entity, sentence) rows of stories of ``max_sentences`` (S) slots."""
+    a, c, s = schema.NUM_ATTRIBUTES, schema.MAX_CLASSES, max_sentences
     d, f = tiered.detector_d_model, tiered.detector_ff
     heads = 2 * a * 2 * (hidden * hidden + hidden * c)
     projections = 2 * (hidden * tiered.embedding_projection
-                       + 2 * sum(tiered.num_classes) * tiered.state_projection)
+                       + 2 * sum(schema.NUM_CLASSES) * tiered.state_projection)
     # Per sentence of a track: the layer's matmuls, attention over the S sentences, Dense(S).
     detector = tiered.detector_layers * (2 * (4 * d * d + 2 * d * f) + 4 * s * d) + 2 * d * s
     return float(slots * (heads + projections + detector))
@@ -64,6 +66,7 @@ def step_flops(hf_config, tiered: TieredConfig, batch: dict[str, np.ndarray],
     groups = row_group_shapes(batch)
     real_rows = int(batch["row_mask"].sum())
     slots = int(np.prod(batch["row_mask"].shape))
+    max_sentences = batch["row_mask"].shape[-1]
     packed = "segment_ids" in batch  # rows share sequences
     forward = {
         "model_flops": (encoder_forward_flops(hf_config, real_lengths) if packed else
@@ -73,9 +76,9 @@ def step_flops(hf_config, tiered: TieredConfig, batch: dict[str, np.ndarray],
         "encoder_flops_all_rows": sum(encoder_forward_flops(hf_config, np.full(rows, seq_len))
                                       for rows, _, seq_len in groups),
         "heads_detector_flops_real_rows": heads_detector_forward_flops(
-            hf_config.hidden_size, tiered, real_rows),
+            hf_config.hidden_size, tiered, real_rows, max_sentences),
         "heads_detector_flops_grid": heads_detector_forward_flops(
-            hf_config.hidden_size, tiered, slots),
+            hf_config.hidden_size, tiered, slots, max_sentences),
     }
     return {mode: {k: v * factor for k, v in forward.items()}
             for mode, factor in (("train", 3), ("eval", 1))}

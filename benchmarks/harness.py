@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from benchmarks import cases, flops
+from trip_jax.config.typed import typed
 from trip_jax.data import input_pipeline, protocol
 from trip_jax.models import builders
 from trip_jax.runtime import sharding
@@ -116,12 +117,11 @@ class ModelData:
     @property
     def tiered(self) -> TieredConfig:
         """The tiered architecture of the model's config."""
-        return TieredConfig.from_mapping({**self.config.model.tiered.to_dict(),
-                                          "max_sentences": self.config.data.max_sentences})
+        return typed(self.config).model.tiered
 
     def encoder_config(self):
         """The Hugging Face config of the model's encoder (no weights loaded)."""
-        model = self.config.model
+        model = typed(self.config).model
         if model.encoder:
             return weights.load_config(weights.resolve_model_dir(model.encoder))
         return builders.random_encoder_config(model, self.tokenizer)
@@ -160,7 +160,7 @@ class Harness:
         data = ModelData.load(name, **load)
         from trip_jax.training import step as training_step  # noqa: PLC0415 - not for ModelData
 
-        config = data.config
+        config = typed(data.config)
         hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
         model = builders.build_model(config, hf_config)
         trainer = training_step.build_trainer(config, model, sharding.create_mesh(config.mesh),

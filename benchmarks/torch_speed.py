@@ -72,7 +72,7 @@ def build(case: dict, device: str = "cpu") -> tuple[harness.ModelData, ref.Refer
     data = harness.ModelData.load(case["model"], data_dir=case.get("data_dir", ""),
                                   max_pairs=case.get("max_pairs", 0))
     model = ref.ReferenceModel(data.encoder_config(), ref.ReferenceConfig.from_tiered(
-        data.tiered)).to(device)
+        data.tiered, data.config.data.max_sentences)).to(device)
     return data, model, time.perf_counter() - start
 
 

@@ -7,7 +7,7 @@ Keys are declared in ``trip_jax/config/sections.py``. Details: README.md#trainin
 
 import ml_collections
 
-from trip_jax.cli import unknown_choice
+from trip_jax.config.messages import unknown_choice
 from trip_jax.config import fields, sections
 from trip_jax.training.losses import LOSS_PRESETS
 

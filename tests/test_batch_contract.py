@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from trip_jax.config.typed import typed
 from trip_jax.data import batch_contract, input_pipeline
 from trip_jax.evaluation import predict
 from trip_jax.models import builders
@@ -81,7 +82,7 @@ def test_prediction_requests_become_contract_batches(data):
 
 
 def test_model_outputs_follow_the_contract(data, tiny_config):
-    config = tiny_config()
+    config = typed(tiny_config())
     hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
     batch = next(input_pipeline.batch_stream(data.test, data.layout, 2))

@@ -206,7 +206,7 @@ def test_encoder_flops_formula():
     assert n == 2 * (4 * 16 + 2 * 4 * 8)
     # Two rows of 3 tokens: matmuls 2·N per token, attention 4·L·H·T² per row.
     assert flops.encoder_forward_flops(Config, [3, 3]) == 2 * n * 6 + 2 * (4 * 2 * 4 * 9)
-    assert flops.heads_detector_forward_flops(4, TieredConfig(), 0) == 0
+    assert flops.heads_detector_forward_flops(4, TieredConfig(), 0, 7) == 0
 
 
 

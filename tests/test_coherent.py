@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from configs import base, minilm, roberta, tiny
+from trip_jax.config.sections import TrainConfig
 from trip_jax import train
 from trip_jax.data import schema
 from trip_jax.evaluation import evaluate, metrics, predict, run_summary
@@ -49,10 +50,11 @@ def test_selection_rules():
     assert selection.selection_score(history[:1], "smoothed", 3) == pytest.approx(0.3 - 2)
     assert selection.selection_score(history[:1], "smoothed", 2) < selection.selection_score(
         [{"consistency": 0.0, "verifiability": 0.0}] * 2, "smoothed", 2)
-    with pytest.raises(ValueError, match="unknown train.selection"):
-        selection.selection_score(history, "best", 2)
-    with pytest.raises(ValueError, match="selection_window"):
-        selection.check_selection("smoothed", 0)
+    # The rule and the window are checked once, by the schema.
+    with pytest.raises(ValueError, match="train.selection: unknown value 'best'"):
+        TrainConfig(selection="best")
+    with pytest.raises(ValueError, match=r"train.selection_window: 0 \(allowed: >= 1\)"):
+        TrainConfig(selection_window=0)
     # Checkpoints saved before the selection score existed rank by verifiability first.
     assert checkpoints.ranking_score(checkpoints.SELECTED, {
         "verifiability": 0.1, "consistency": 0.2, "accuracy": 0.5}) == (0.1, 0.1, 0.2, 0.5)

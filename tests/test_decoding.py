@@ -326,7 +326,7 @@ def test_configs_without_the_state_options_read_as_their_defaults():
 
 
 def test_bad_decoding_settings_are_refused():
-    with pytest.raises(ValueError, match="unknown decoding"):
+    with pytest.raises(ValueError, match="decoding.method: unknown value 'joint'"):
         DecodingConfig(method="joint")
     with pytest.raises(ValueError, match="conflict_weight"):
         DecodingConfig(method="coherent", conflict_weight=-1)

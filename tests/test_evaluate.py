@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+from trip_jax.config.typed import typed
 from trip_jax.data import input_pipeline, protocol, schema
 from trip_jax.evaluation import evaluate, metrics, random_baseline
 from trip_jax.training import checkpoints
@@ -117,7 +118,7 @@ def test_evaluator_scores_what_training_logged(workdir, tiny_config):
     splits = input_pipeline.load_splits(config.data)
     restored = checkpoints.restore_for_eval(str(workdir), "latest")
     assert restored.step == 4
-    evaluation = evaluate.Evaluator.for_checkpoint(restored, splits.selection, config).run(
+    evaluation = evaluate.Evaluator.for_checkpoint(restored, splits.selection, typed(config)).run(
         restored.params)
     logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     [record] = [r for r in logged if r["split"] == splits.selection_name and r["step"] == 4]
@@ -134,7 +135,7 @@ def test_predictions_are_cut_to_each_pairs_stories(workdir, tiny_config):
     config = tiny_config()
     pairs = input_pipeline.load_splits(config.data).test
     restored = checkpoints.restore_for_eval(str(workdir))
-    predictions = evaluate.Evaluator.for_checkpoint(restored, pairs, config).predict(
+    predictions = evaluate.Evaluator.for_checkpoint(restored, pairs, typed(config)).predict(
         restored.params)
     assert predictions.arrays["pair_index"].tolist() == list(range(len(pairs)))
     for n, pair in enumerate(pairs):

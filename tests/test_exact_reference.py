@@ -23,7 +23,7 @@ import transformers
 
 from trip_jax.models import torch_reference as ref
 from configs import base, bert, deberta, minilm, roberta, tiny
-from trip_jax.data import batching, features, layouts
+from trip_jax.data import batching, features, layouts, schema
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
 from trip_jax.training.losses import LossConfig, tiered_loss
@@ -44,7 +44,7 @@ LR = 1e-3
 HF_CONFIG = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=64, max_position_embeddings=32, type_vocab_size=2,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-EXACT = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=16,
+EXACT = TieredConfig(embedding_projection=16, state_projection=16,
                      detector_layers=2, detector_heads=4, detector_ff=64, head_dropout=0.0,
                      projection_dropout=0.0, detector_input_dropout=0.0, detector_dropout=0.0,
                      conflict_dropout=0.0, detector_padding_mask=False, padding_rows="encoded")
@@ -61,7 +61,7 @@ def hf_config():
 
 def exact_model(config: TieredConfig = EXACT):
     """The tiered model of ``config`` around the tiny BERT, at the exact mode's precision."""
-    return build_tiered_model(hf_config(), config, matmul_precision=PRECISION)
+    return build_tiered_model(hf_config(), config, max_sentences=S, matmul_precision=PRECISION)
 
 
 def story_pairs() -> list[StoryPair]:
@@ -125,7 +125,7 @@ def params(model, packed):
 @pytest.fixture(scope="module")
 def torch_model(params):
     torch.manual_seed(0)
-    model = ref.ReferenceModel(hf_config(), ref.ReferenceConfig.from_tiered(EXACT))
+    model = ref.ReferenceModel(hf_config(), ref.ReferenceConfig.from_tiered(EXACT, S))
     ref.load_jax_params(model, params)
     return model.eval()
 
@@ -171,7 +171,8 @@ def test_deberta_encodes_its_masked_padding_row_with_the_batch(packed):
         pos_att_type=["c2p", "p2c"], position_biased_input=False, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0)
     config = dataclasses.replace(EXACT, padding_row_attention="masked")
-    model = build_tiered_model(deberta_config, config, matmul_precision=PRECISION)
+    model = build_tiered_model(deberta_config, config, max_sentences=S,
+                               matmul_precision=PRECISION)
     params = model.init(jax.random.key(0), packed)["params"]
     rows, _, vector = model.apply({"params": params}, packed, method="row_embeddings")
     zeros = jnp.zeros((1, config.padding_row_length), jnp.int32)
@@ -180,12 +181,13 @@ def test_deberta_encodes_its_masked_padding_row_with_the_batch(packed):
     np.testing.assert_allclose(vector, alone, rtol=0, atol=1e-6)
     # The batch's rows are encoded as without the padding row.
     clean = build_tiered_model(deberta_config, dataclasses.replace(config, padding_rows="zero"),
-                               matmul_precision=PRECISION)
+                               max_sentences=S, matmul_precision=PRECISION)
     without, _, none = clean.apply({"params": params}, packed, method="row_embeddings")
     assert none is None
     np.testing.assert_allclose(rows, without, rtol=0, atol=1e-6)
     # transformers 4.11's -10000 mask is BERT's and RoBERTa's only.
-    legacy = build_tiered_model(deberta_config, EXACT, matmul_precision=PRECISION)
+    legacy = build_tiered_model(deberta_config, EXACT, max_sentences=S,
+                                matmul_precision=PRECISION)
     with pytest.raises(ValueError, match="use 'masked' for DebertaEncoder"):
         legacy.apply({"params": params}, packed, method="row_embeddings")
 
@@ -323,7 +325,7 @@ def both_steps(model, params, packed, encoded, torch_model):
 def test_exact_forward_matches_the_pytorch_reference(both_steps, packed):
     outputs, parts, _, torch_out = both_steps
     got, want = torch_out["outputs"], torch_out["losses"]
-    num_classes = EXACT.num_classes
+    num_classes = schema.NUM_CLASSES
     for side in ("pre_logits", "eff_logits"):
         for a, n in enumerate(num_classes):  # every cell, padding cells included
             np.testing.assert_allclose(np.asarray(outputs[side])[..., a, :n],
@@ -360,6 +362,6 @@ def test_real_rows_layout_of_the_reference_equals_the_padded_one(encoded, torch_
         rows = torch_model.forward_rows(**ref.row_inputs(dense))
     for key in ("conflict_logits", "conflict_prob", "story_score"):
         np.testing.assert_allclose(rows[key].numpy(), padded[key].numpy(), atol=1e-5)
-    for a in range(len(EXACT.num_classes)):
+    for a in range(len(schema.NUM_CLASSES)):
         np.testing.assert_allclose(rows["pre_logits"][a].numpy(),
                                    padded["pre_logits"][a].numpy(), atol=1e-5)

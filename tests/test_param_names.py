@@ -10,6 +10,7 @@ import pytest
 import transformers
 from flax import traverse_util
 
+from trip_jax.data import schema
 from trip_jax.models import builders, param_names, weights
 from trip_jax.models.tiered import TieredConfig, build_tiered_model, class_mask
 
@@ -25,7 +26,7 @@ def random_tree(shapes, seed=0):
 
 
 def tiered_shapes():
-    model = build_tiered_model(transformers.BertConfig(**BERT), TIERED)
+    model = build_tiered_model(transformers.BertConfig(**BERT), TIERED, max_sentences=7)
     shapes = jax.eval_shape(lambda: builders.init_params(model, jax.random.key(0), 7))
     return traverse_util.flatten_dict(shapes)
 
@@ -69,16 +70,16 @@ def test_tiered_model_round_trips_through_the_pytorch_names():
     shapes = tiered_shapes()
     flat = random_tree(shapes)
     # The columns a head lacks are not PyTorch parameters: zero here, as the table fills them.
-    lacking = ~np.tile(class_mask(TIERED.num_classes), (2, 1))
+    lacking = ~np.tile(class_mask(schema.NUM_CLASSES), (2, 1))
     for leaf, columns in (("kernel", lacking[:, None, :]), ("bias", lacking)):
         path = param_names.HEADS + ("out_proj", leaf)
         flat[path] = np.where(columns, 0.0, flat[path]).astype(np.float32)
-    tensors = param_names.tiered_to_torch(flat, TIERED.num_classes)
+    tensors = param_names.tiered_to_torch(flat, schema.NUM_CLASSES)
     assert tensors["detector.layers.1.self_attn.in_proj_weight"].shape == (48, 16)
     assert tensors["effect_classifiers.19.out_proj.weight"].shape == (3, 16)
     assert tensors["embedding.encoder.layer.2.output.LayerNorm.weight"].shape == (16,)
     assert "decoder.weight" in tensors
-    back, unused = param_names.tiered_from_torch(tensors, shapes, TIERED.num_classes)
+    back, unused = param_names.tiered_from_torch(tensors, shapes, schema.NUM_CLASSES)
     assert unused == []
     assert back.keys() == flat.keys()
     for path, value in flat.items():
@@ -87,17 +88,17 @@ def test_tiered_model_round_trips_through_the_pytorch_names():
 
 def test_tensors_without_a_place_and_unfilled_parameters_are_reported():
     shapes = tiered_shapes()
-    tensors = param_names.tiered_to_torch(random_tree(shapes), TIERED.num_classes)
+    tensors = param_names.tiered_to_torch(random_tree(shapes), schema.NUM_CLASSES)
     tensors["detector.layers.2.linear1.weight"] = np.zeros((16, 16), np.float32)
     del tensors["detector.layers.1.norm2.bias"]
-    back, unused = param_names.tiered_from_torch(tensors, shapes, TIERED.num_classes)
+    back, unused = param_names.tiered_from_torch(tensors, shapes, schema.NUM_CLASSES)
     assert unused == ["detector.layers.2.linear1.weight"]
     assert ("detector", "layers", "ff_norm", "bias") not in back  # layer 1's is missing
     assert ("detector", "layers", "ff_norm", "scale") in back
     tensors["effect_classifiers.3.out_proj.weight"] = np.zeros((2, 16), np.float32)
     with pytest.raises(ValueError, match="effect_classifiers.3.out_proj has 2 classes; its "
                                          "attribute has 3"):
-        param_names.tiered_from_torch(tensors, shapes, TIERED.num_classes)
+        param_names.tiered_from_torch(tensors, shapes, schema.NUM_CLASSES)
 
 
 def test_save_pretrained_writes_hugging_faces_per_layer_msgpack(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from ml_collections import ConfigDict
 
+from trip_jax.config.sections import DataConfig
 from trip_jax.data import protocol
 from trip_jax.data import readers
 
@@ -46,8 +47,8 @@ def test_auto_protocol_follows_the_available_splits():
     assert protocol.resolve_protocol("auto", ["train", "dev", "test"]) == "standard"
     assert protocol.resolve_protocol("auto", ["dev", "test"]) == "dev_train"
     assert protocol.resolve_protocol("standard", ["dev", "test"]) == "standard"
-    with pytest.raises(ValueError, match="unknown protocol"):
-        protocol.resolve_protocol("dev", ["dev"])
+    with pytest.raises(ValueError, match="data.protocol: unknown value 'dev'"):
+        DataConfig(protocol="dev")  # checked once, by the schema
 
 
 def test_splits_of_the_shared_data(data_dir):

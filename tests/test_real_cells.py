@@ -25,8 +25,8 @@ from trip_jax.models.cells import cell_view
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 
 S = 7
-TINY = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=16,
-                    detector_layers=2, detector_heads=4, detector_ff=64)
+TINY = TieredConfig(embedding_projection=16, state_projection=16, detector_layers=2,
+                    detector_heads=4, detector_ff=64)
 OPTIONS = {
     "default": {},
     "encoded_unmasked": dict(padding_rows="encoded", detector_padding_mask=False),
@@ -50,7 +50,8 @@ def make_model(vocab_size: int, **options):
     """A 2-layer, 32-wide random BERT encoder under the tiny heads and detector."""
     return build_tiered_model(transformers.BertConfig(
         vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=64), dataclasses.replace(TINY, **options))
+        intermediate_size=64, max_position_embeddings=64), dataclasses.replace(TINY, **options),
+        max_sentences=S)
 
 
 def make_batch(encoded_pairs, layout: str, spare_tracks: int = 0):
@@ -231,5 +232,3 @@ def test_cell_views_place_rows_and_padding_on_the_grid_and_tracks():
     track_values = jnp.asarray([[1.0] * 3, [2.0] * 3, [7.0] * 3, [9.0] * 3])
     np.testing.assert_array_equal(real.from_tracks(track_values).reshape(4, 3)[:, 0],
                                   [1, 9, 9, 2])
-    with pytest.raises(ValueError, match="cells"):
-        cell_view("all", batch, row_index)

@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
+from trip_jax.config.typed import as_dict, typed
 from trip_jax.runtime import sharding
 
 STEPS = 3
@@ -71,9 +72,10 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     config.model.tiered.update(dict(head_dropout=0.0, projection_dropout=0.0,
                                     detector_input_dropout=0.0, detector_dropout=0.0,
                                     conflict_dropout=0.0))
-    data = input_pipeline.prepare_data(config)
-    hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
-    model = builders.build_model(config, hf_config)
+    built = typed(config)  # the config of the run, as an entry point builds it
+    data = input_pipeline.prepare_data(built)
+    hf_config, _ = builders.build_encoder_config(built.model, data.tokenizer)
+    model = builders.build_model(built, hf_config)
     tx, schedule = optimizers.make_optimizer(config.train, STEPS)
     loss_config = losses.LossConfig.from_mapping(config.loss)
     # Built in 8 pieces (the most devices a mesh below has), so no mesh pads them.
@@ -123,11 +125,11 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     # Save the FSDP parameters (sharded over 8 devices) as a best checkpoint and restore them
     # for evaluation on one device.
     fsdp_state = meshes["fsdp"][1]
-    checkpoints.write_run_files(checkpoint_dir, config, hf_config, data.tokenizer)
+    checkpoints.write_run_files(checkpoint_dir, built, hf_config, data.tokenizer)
     saver = checkpoints.RunCheckpoints(checkpoint_dir, keep=1, async_save=False)
     saver.save_if_best(STEPS, fsdp_state.params, {
         "step": STEPS, "metrics": {"accuracy": 0.5, "consistency": 0.0, "verifiability": 0.0},
-        "config": checkpoints.config_to_dict(config), "encoder_config": hf_config.to_dict()})
+        "config": as_dict(built), "encoder_config": hf_config.to_dict()})
     saver.close()
     restored = checkpoints.restore_for_eval(checkpoint_dir, mesh=meshes["one_device"][0])
     restored_devices = {len(x.sharding.device_set) for x in jax.tree.leaves(restored.params)}

@@ -15,6 +15,10 @@ import numpy as np
 import pytest
 import transformers
 
+from configs import base
+from trip_jax.config.messages import ConfigError
+from trip_jax.config.sections import ModelConfig
+from trip_jax.config.typed import typed
 from trip_jax.data import schema
 from trip_jax.data import features, layouts
 from trip_jax.data.batching import BatchPlan
@@ -31,16 +35,16 @@ COMMON = dict(max_sentences=S, max_length=None, token_types="segments", entity_p
 LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=32, max_shapes=1, dedup_rows=False,
                                                  **COMMON),
            "dense": layouts.Dense(seq_len=None, buckets=features.Buckets(8, 4, 8), **COMMON)}
-TINY = TieredConfig(max_sentences=S, embedding_projection=16, state_projection=16,
-                    detector_layers=2, detector_heads=4, detector_ff=64)
+TINY = TieredConfig(embedding_projection=16, state_projection=16, detector_layers=2,
+                    detector_heads=4, detector_ff=64)
 WEIGHTS = LossConfig(0.3, 0.3, 0.2, 0.2)
 
 
-def make_model(config: TieredConfig = TINY) -> TieredModel:
+def make_model(config: TieredConfig = TINY, max_sentences: int = S) -> TieredModel:
     """The tiny tiered model used by every test: a 2-layer, 32-wide random BERT encoder."""
     return build_tiered_model(transformers.BertConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=32), config)
+        intermediate_size=64, max_position_embeddings=32), config, max_sentences=max_sentences)
 
 
 def forward(model: TieredModel, params, batch):
@@ -213,7 +217,8 @@ def test_every_matmul_forward_and_backward_runs_at_the_configured_precision(para
     config = dataclasses.replace(TINY, padding_rows="encoded")  # the padding row's pass too
     model = build_tiered_model(transformers.BertConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=32), config, matmul_precision=name)
+        intermediate_size=64, max_position_embeddings=32), config, max_sentences=S,
+        matmul_precision=name)
 
     def loss(p):
         return tiered_loss(model.apply({"params": p}, packed), packed, WEIGHTS)[0]
@@ -221,8 +226,8 @@ def test_every_matmul_forward_and_backward_runs_at_the_configured_precision(para
     precisions = dot_precisions(jax.make_jaxpr(jax.grad(loss))(params))
     want = (jax.lax.Precision(name),) * 2
     assert len(precisions) > 20 and set(precisions) == {want}
-    with pytest.raises(ValueError, match="model.matmul_precision"):
-        build_tiered_model(transformers.BertConfig(), TINY, matmul_precision="tensorfloat32")
+    with pytest.raises(ValueError, match="model.matmul_precision: unknown value"):
+        ModelConfig(matmul_precision="tensorfloat32")  # checked once, by the schema
 
 
 @pytest.fixture(scope="module")
@@ -289,13 +294,15 @@ def test_real_logit_columns_select_66_per_side():
 def test_config_checks():
     with pytest.raises(KeyError):
         TieredConfig.from_mapping({"detector_layer": 2})
-    with pytest.raises(ValueError):
-        TieredConfig(embedding_projection=250, state_projection=256, detector_heads=8)
+    config = base.get_config()
+    config.model.tiered.embedding_projection = 250
+    with pytest.raises(ConfigError, match="a divisor of the detector width 506"):
+        typed(config)  # a rule between keys: checked once, as the typed config is built
     assert TieredConfig().detector_d_model == 512
     assert TieredConfig.from_mapping({"detector_layers": 2}).detector_layers == 2
 
 
 def test_sentence_count_must_match_config(packed, params):
-    model = make_model(dataclasses.replace(TINY, max_sentences=S + 1))
+    model = make_model(TINY, max_sentences=S + 1)
     with pytest.raises(ValueError, match="max_sentences"):
         model.apply({"params": params}, packed)

@@ -20,6 +20,7 @@ from flax import traverse_util
 
 from configs import tiny
 from trip_jax import train
+from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate
 from trip_jax.models import builders, param_names
@@ -154,16 +155,16 @@ def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
     other = tiny_config()
     other.model.tiered.detector_layers = 2
     with pytest.raises(checkpoints.CheckpointError, match="detector_layers"):
-        checkpoints.restore_for_eval(str(workdir), config=other)
+        checkpoints.restore_for_eval(str(workdir), config=typed(other))
     # A model option added after a checkpoint was written (a config saved before versions):
     # absent there, so at its default.
-    saved = checkpoints.config_to_dict(tiny_config())
+    saved = as_dict(typed(tiny_config()))
     del saved["config_version"], saved["model"]["tiered"]["detector_norm_first"]
-    checkpoints.check_compatible(saved, tiny_config(), "older run")
+    checkpoints.check_compatible(saved, typed(tiny_config()), "older run")
     other = tiny_config()
     other.model.tiered.detector_norm_first = True
     with pytest.raises(checkpoints.CheckpointError, match="detector_norm_first"):
-        checkpoints.check_compatible(saved, other, "older run")
+        checkpoints.check_compatible(saved, typed(other), "older run")
     broken = tmp_path / "broken"
     shutil.copytree(workdir, broken)
     step_dir = next((broken / "checkpoints" / "selected").glob("[0-9]*"))
@@ -174,6 +175,7 @@ def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
 
 def trainer_of(config):
     """The trainer (optimizer, abstract state, shardings) a run of ``config`` builds."""
+    config = typed(config)
     data = input_pipeline.prepare_data(config)
     hf_config, _ = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)
@@ -383,6 +385,7 @@ def test_frozen_encoder_gets_no_update(tiny_config):
 
 def fresh_params(config):
     """A new run's initial parameters for ``config`` (as ``train_and_evaluate`` builds them)."""
+    config = typed(config)
     data = input_pipeline.prepare_data(config)
     hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
     model = builders.build_model(config, hf_config)

@@ -22,6 +22,7 @@ from etils import epath
 from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
+from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import schema
 from trip_jax.evaluation import metrics, predict, reports
 from trip_jax.models import builders
@@ -90,7 +91,7 @@ def test_fake_gcs_is_what_epath_uses_for_gs_paths(fake_gcs):
 def test_run_files_and_tokenizer_round_trip(fake_gcs):
     root, fs = fake_gcs
     workdir = str(root / "run")
-    config = importlib.import_module("configs.tiny").get_config()
+    config = typed(importlib.import_module("configs.tiny").get_config())
     tokenizer = build_word_level_tokenizer(["Mary went to the kitchen.", "She ate an apple."])
     hf_config = builders.random_encoder_config(config.model, tokenizer)
     checkpoints.write_run_files(workdir, config, hf_config, tokenizer)
@@ -98,7 +99,7 @@ def test_run_files_and_tokenizer_round_trip(fake_gcs):
     files = stored(fs)
     assert {f"{workdir}/config.json", f"{workdir}/encoder_config.json",
             f"{workdir}/tokenizer/tokenizer.json"} <= files
-    assert json.loads((root / "run" / "config.json").read_text()) == json.loads(config.to_json())
+    assert json.loads((root / "run" / "config.json").read_text()) == as_dict(config)
     encoder = json.loads((root / "run" / "encoder_config.json").read_text())
     assert encoder["vocab_size"] == tokenizer_info(tokenizer).vocab_size
 

@@ -7,7 +7,6 @@ convert: their flags in a fresh FlagValues) turn absl's and ml_collections' fail
 
 from __future__ import annotations
 
-import difflib
 import glob
 import logging
 import os
@@ -21,6 +20,8 @@ from typing import Any, NamedTuple
 import ml_collections
 from absl import app, flags
 from ml_collections.config_flags import config_flags as config_flags_lib
+
+from trip_jax.config.messages import closest, unknown_choice
 
 USAGE_EXIT_CODE = 2
 
@@ -147,20 +148,6 @@ class UsageError(Exception):
     """A mistake on the command line; its message is the one line shown to the user."""
 
 
-def closest(word: str, choices: Iterable[str]) -> str | None:
-    """The choice most similar to ``word`` (difflib), or None when none is close."""
-    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return matches[0] if matches else None
-
-
-def unknown_choice(what: str, value: Any, choices: Iterable[Any]) -> str:
-    """One line: ``unknown WHAT 'VALUE'; did you mean 'X'? (choices: ...)``."""
-    choices = list(choices)
-    suggestion = closest(str(value), [str(c) for c in choices])
-    hint = f"; did you mean {suggestion!r}?" if suggestion is not None else ""
-    return f"unknown {what} {value!r}{hint} (choices: {', '.join(repr(c) for c in choices)})"
-
-
 def config_values(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
     """Every key of ``config`` (sections included) by dotted path, e.g. ``train.seed``."""
     out = {}
@@ -238,17 +225,6 @@ def check_config_keys(config: ml_collections.ConfigDict, keys: Iterable[str],
             suggestion = closest(key, known)
             hint = f"; did you mean --{name}.{suggestion}?" if suggestion else ""
             raise UsageError(f"unknown config key --{name}.{key}{hint}")
-
-
-def check_config_choices(config: ml_collections.ConfigDict,
-                         choices: Mapping[str, Iterable[Any]]) -> None:
-    """UsageError when a choice-valued key (``choices``: dotted key -> allowed values) holds
-    another value."""
-    values = config_values(config)
-    for key, allowed in choices.items():
-        allowed = tuple(allowed)
-        if key in values and values[key] not in allowed:
-            raise UsageError(f"config key {key}: " + unknown_choice("value", values[key], allowed))
 
 
 def _flag_error(err: flags.Error, flag_values: flags.FlagValues, config: Any,
@@ -341,17 +317,16 @@ def _wants_help(argv: Sequence[str]) -> bool:
 
 def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *,
                  config_flag: str | None = "config",
-                 config_choices: Mapping[str, Iterable[Any]] | None = None,
-                 config_check: Callable[[ml_collections.ConfigDict], None] | None = None,
+                 config_check: Callable[[ml_collections.ConfigDict], Any] | None = None,
                  check: Callable[[flags.FlagValues], None] | None = None,
                  positional: str | None = None,
                  ) -> Callable[[list[str]], list[str]]:
     """A ``flags_parser`` for ``absl.app.run``: parses ``argv`` into ``flag_values``, loads the
-    config (``config_flag``, a config-file flag; None for a command without one), checks
-    ``config_choices``, then ``config_check(config)`` (value ranges) and ``check(flag_values)``
-    (both may raise UsageError); arguments besides the flags are refused unless ``positional``
-    names them (then at least one is needed). Any usage error is one ``error: ...`` line on
-    stderr and exit status 2; on absl's FLAGS, ``--help`` is absl's help with exit status 0."""
+    config (``config_flag``, a config-file flag; None for a command without one), then runs
+    ``config_check(config)`` (main's builds the typed config) and ``check(flag_values)`` (both
+    may raise UsageError); arguments besides the flags are refused unless ``positional`` names
+    them (then at least one is needed). Any usage error is one ``error: ...`` line on stderr and
+    exit status 2; on absl's FLAGS, ``--help`` is absl's help with exit status 0."""
 
     def parse(argv: list[str]) -> list[str]:
         if flag_values is flags.FLAGS and _wants_help(argv[1:]):
@@ -380,7 +355,6 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *,
             if positional is not None and len(rest) < 2:
                 raise UsageError(f"missing {positional} (one or more)")
             if config is not None:
-                check_config_choices(config, config_choices or {})
                 if config_check is not None:
                     config_check(config)
             if check is not None:

@@ -54,8 +54,9 @@ def check_workdir(workdir: str) -> None:
 
 
 def _config(argument: str | None, model: authors_model.AuthorsModel, encoder: str):
-    """The run's config: the config file, in the exact mode, with the pickle's model keys."""
-    from trip_jax.config import checks
+    """The run's typed config: the config file, in the exact mode, with the pickle's model
+    keys (``trip_jax.config.typed``: ConfigError for a value the schema refuses)."""
+    from trip_jax.config.typed import typed
 
     argument = argument or f"configs/{model.model_type}.py"
     config = cli.load_config_file(argument)
@@ -70,16 +71,19 @@ def _config(argument: str | None, model: authors_model.AuthorsModel, encoder: st
     for key, weight in zip(("pre_weight", "eff_weight", "conflict_weight", "story_weight"),
                            model.loss_weights):
         config.loss[key] = weight
-    checks.check_config(config)
-    return config, argument
+    return typed(config), argument
 
 
 def _overrides(argument: str, config) -> list[str]:
-    """``--config.KEY=VALUE`` for each model key where ``config`` differs from the file."""
-    fresh = cli.config_values(cli.load_config_file(argument))
-    mine = cli.config_values(config)
+    """``--config.KEY=VALUE`` for each model key where ``config`` (typed) differs from the
+    file."""
+    from trip_jax.config.migrate import flatten
+    from trip_jax.config.typed import as_dict
+
+    fresh = flatten(cli.load_config_file(argument).to_dict())
+    mine = flatten(as_dict(config))
     keys = [k for k in mine if k.startswith(("model.", "data.max_sentences"))
-            and not isinstance(mine[k], type(config)) and mine[k] != fresh.get(k)]
+            and mine[k] != fresh.get(k)]
     return [f"--config.{k}={mine[k]}" for k in sorted(keys)]
 
 
@@ -94,9 +98,9 @@ def convert(authors_file: str, workdir: str, *, encoder: str | None = None,
     import jax
     from flax import traverse_util
 
+    from trip_jax.config.typed import as_dict
     from trip_jax.data import tokenizers
     from trip_jax.models import builders
-    from trip_jax.training import checkpoints
 
     name = encoder or model.name_or_path
     if not name:
@@ -122,7 +126,7 @@ def convert(authors_file: str, workdir: str, *, encoder: str | None = None,
     flat = authors_model.to_params(model, expected, authors_file)
     params = traverse_util.unflatten_dict(flat)
     meta = {"step": STEP, "epoch": None, "protocol": None, "metrics": {},
-            "config": checkpoints.config_to_dict(config),
+            "config": as_dict(config),
             "encoder_config": hf_config.to_dict(),
             "imported_from": {"file": os.path.abspath(authors_file),
                               "sha256": paths.file_sha256(authors_file),

@@ -17,6 +17,7 @@ from etils import epath
 
 from trip_jax import train
 from trip_jax.config import sweeps
+from trip_jax.config.typed import replace, typed
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import cv_summary, decoding, evaluate, metrics
 from trip_jax.runtime import paths
@@ -39,7 +40,9 @@ def finished(fold_dir: epath.PathLike) -> bool:
 
 
 def cross_validate(config, workdir: str) -> dict[str, Any]:
-    """Runs every fold of ``config`` (module docstring); returns the summary over the folds."""
+    """Runs every fold of ``config`` (module docstring; typed, or a ConfigDict it is built from,
+    ``trip_jax.config.typed``); returns the summary over the folds."""
+    config = typed(config)
     folds = config.data.folds
     wanted = _wanted_decodings(config)
     for fold in range(folds):
@@ -48,9 +51,7 @@ def cross_validate(config, workdir: str) -> dict[str, Any]:
             logging.info("fold %d / %d: finished earlier in %s", fold + 1, folds, fold_dir)
         else:
             logging.info("fold %d / %d: training in %s", fold + 1, folds, fold_dir)
-            fold_config = config.copy_and_resolve_references()
-            fold_config.data.protocol = "dev_cv"
-            fold_config.data.fold = fold
+            fold_config = replace(config, {"data.protocol": "dev_cv", "data.fold": fold})
             train.train_and_evaluate(fold_config, str(fold_dir))
         if wanted:
             fold_sweep(fold_dir, wanted)
@@ -63,9 +64,8 @@ def _wanted_decodings(config) -> dict[str, dict[str, Any]]:
     decoding keys ({} for an empty sweep)."""
     if not config.cv.sweep:
         return {}
-    base = decoding.DecodingConfig.from_mapping(config.decoding)
     return {sweeps.label(combination): dataclasses.asdict(dataclasses.replace(
-        base, **{k.removeprefix("decoding."): v for k, v in combination.items()}))
+        config.decoding, **{k.removeprefix("decoding."): v for k, v in combination.items()}))
         for combination in sweeps.combinations(config.cv.sweep)}
 
 

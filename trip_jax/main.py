@@ -23,7 +23,9 @@ from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate, predict, random_baseline
 from trip_jax.runtime import distributed, hub, jax_setup, sharding, workdir_lock
 from trip_jax.training import checkpoints
-from trip_jax.config import checks
+from trip_jax.config import sections
+from trip_jax.config.messages import ConfigError, unknown_choice
+from trip_jax.config.typed import typed
 from trip_jax.data import layouts, readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
@@ -103,9 +105,6 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
 
 
-# Config keys with a fixed set of values (their Literal in trip_jax/config/sections.py), checked
-# when the flags are parsed.
-CONFIG_CHOICES: dict[str, tuple] = checks.CHOICES
 # Every split name some protocol has (which ones a run has depends on its protocol).
 SPLIT_NAMES = (*readers.SPLITS, "dev_holdout", "dev_fold")
 
@@ -114,18 +113,27 @@ def check_flags(values: flags.FlagValues) -> None:
     """Checks the flags that depend on each other or have a fixed set of values."""
     which = values.checkpoint
     if which not in checkpoints.NAMES and not which.isdigit():
-        raise cli.UsageError("--checkpoint: " + cli.unknown_choice(
+        raise cli.UsageError("--checkpoint: " + unknown_choice(
             "checkpoint", which, [*checkpoints.NAMES, "STEP"]))
     if values.split not in SPLIT_NAMES:
-        raise cli.UsageError("--split: " + cli.unknown_choice("split", values.split, SPLIT_NAMES))
+        raise cli.UsageError("--split: " + unknown_choice("split", values.split, SPLIT_NAMES))
     if values.mode == "predict" and not values.input:
         raise cli.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
 
 
+def typed_config(config) -> sections.Config:
+    """The typed config of the --config flag (``trip_jax.config.typed``, which checks every
+    value); ``cli.UsageError`` naming the first bad key."""
+    try:
+        return typed(config)
+    except ConfigError as err:
+        raise cli.UsageError(str(err)) from None
+
+
 def flags_parser(values: flags.FlagValues = FLAGS):
-    """The ``absl.app.run`` flags parser of ``values``: every check above, one line, exit 2."""
-    return cli.flags_parser(values, config_choices=CONFIG_CHOICES,
-                            config_check=checks.check_config, check=check_flags)
+    """The ``absl.app.run`` flags parser of ``values``: every check above (the config's by
+    building it), one line, exit 2."""
+    return cli.flags_parser(values, config_check=typed_config, check=check_flags)
 
 
 def check_devices(config, device_count: int) -> None:
@@ -191,14 +199,15 @@ def _start_up():
 
 
 def main(argv) -> None:
-    """Prints the config and returns with ``--show_config``; otherwise joins a multi-process run
-    if there is one, checks the config against its devices, then runs the selected mode (the
-    flags are already parsed and checked by ``parse_flags``)."""
+    """Prints the config and returns with ``--show_config``; otherwise builds the typed config,
+    joins a multi-process run if there is one, checks the config against its devices, then runs
+    the selected mode with it (the flags are already parsed and checked by ``parse_flags``)."""
     del argv  # parse_flags refuses extra arguments
     cli.terminal_setup()
     if FLAGS.show_config:  # shows and stops, before any device or workdir is touched
         print(FLAGS.config, flush=True)
         return
+    config = typed_config(FLAGS.config)  # checked by parse_flags already: it cannot fail here
     jax_setup.quiet_backend_search()
     logging.get_absl_handler().addFilter(_QuietOrbax())
     if FLAGS.mode == "predict" and not FLAGS["verbosity"].present:
@@ -206,7 +215,7 @@ def main(argv) -> None:
     with _start_up():
         distributed.initialize_distributed()
         if FLAGS.mode in TRAINING_MODES:  # the others use the mesh their checkpoint was saved with
-            check_devices(FLAGS.config, jax.device_count())
+            check_devices(config, jax.device_count())
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
                  jax.process_count(), jax.local_devices())
     if FLAGS.mode in TRAINING_MODES:
@@ -215,9 +224,9 @@ def main(argv) -> None:
         logging.info("config: the resolved config goes to %s (--show_config prints it)",
                      where / checkpoints.CONFIG_FILE)
     try:
-        jax_setup.configure_jax(FLAGS.config)
+        jax_setup.configure_jax(config)
         with evaluate.named(FLAGS.name):
-            MODES[FLAGS.mode](FLAGS.config, FLAGS.workdir)
+            MODES[FLAGS.mode](config, FLAGS.workdir)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 1))  # 2 for a workdir held by another run

@@ -14,14 +14,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import tqdm
 from absl import logging
 from etils import epath
 
+from trip_jax.config.sections import Config
+from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import input_pipeline
-from trip_jax.evaluation import decoding, evaluate
+from trip_jax.evaluation import evaluate
 from trip_jax.models import builders
 from trip_jax.runtime import sharding, workdir_lock
 from trip_jax.training import checkpoints, selection
@@ -69,14 +70,13 @@ class _PendingMetrics:
 class RunSetup:
     """What one training run works with; fixed for the whole run."""
 
-    config: ml_collections.ConfigDict
+    config: Config
     workdir: epath.Path
     trainer: Trainer
     data: RunData
     hf_config: Any
     ckpts: checkpoints.RunCheckpoints
     log: MetricLog
-    decoding: decoding.DecodingConfig  # how the selection and test evaluations decode
 
     @property
     def steps_per_epoch(self) -> int:
@@ -93,7 +93,7 @@ class RunSetup:
         splits = self.data.splits
         return {"step": step, "epoch": step / self.steps_per_epoch, "protocol": splits.protocol,
                 "selection_split": splits.selection_name, "metrics": dict(scores or {}),
-                "config": checkpoints.config_to_dict(self.config),
+                "config": as_dict(self.config),
                 "encoder_config": self.hf_config.to_dict()}
 
     def last_good(self) -> str:
@@ -104,28 +104,27 @@ class RunSetup:
                 f"the last good checkpoint is step {latest} in {where}, intact")
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Trains (or resumes) in ``workdir``, then scores the best checkpoints on test.
+def train_and_evaluate(config: Config | Any, workdir: str) -> dict[str, Any]:
+    """Trains (or resumes) in ``workdir``, then scores the best checkpoints on test; ``config``
+    is the typed config, or a ConfigDict it is built from (``trip_jax.config.typed``).
 
     Returns the test metrics of the selected checkpoint. The run holds the workdir's
     lock (``trip_jax.runtime.workdir_lock``) from before it writes anything: WorkdirLocked, with the
     workdir untouched, when another run holds it.
     """
     started = time.time()
-    selection.check_selection(config.train.selection, config.train.selection_window)
-    decoding_config = decoding.DecodingConfig.from_mapping(config.decoding)  # fails early
+    config = typed(config)
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     lock = workdir_lock.acquire_for_run(workdir)
     try:
-        return _train_and_evaluate(config, workdir, decoding_config, started)
+        return _train_and_evaluate(config, workdir, started)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train_and_evaluate(config, workdir: epath.Path, decoding_config, started: float
-                        ) -> dict[str, Any]:
+def _train_and_evaluate(config: Config, workdir: epath.Path, started: float) -> dict[str, Any]:
     """``train_and_evaluate`` once the workdir is locked."""
     mesh = sharding.create_mesh(config.mesh)
     sharding.check_batch_split(config.train.batch_size, mesh.shape)
@@ -154,7 +153,7 @@ def _train_and_evaluate(config, workdir: epath.Path, decoding_config, started: f
     ckpts = checkpoints.RunCheckpoints(str(workdir), keep=config.train.keep_checkpoints,
                                        async_save=config.train.async_checkpoints)
     log = MetricLog(workdir)
-    setup = RunSetup(config, workdir, trainer, data, hf_config, ckpts, log, decoding_config)
+    setup = RunSetup(config, workdir, trainer, data, hf_config, ckpts, log)
     try:
         try:
             state, history = _initial_state(setup, encoder_params)
@@ -208,7 +207,7 @@ class TrainLoop:
         self.selection = evaluate.Evaluator(
             trainer.eval_step, data.splits.selection, data.selection, data.layout,
             setup.config.train.eval_batch_size, trainer.mesh,
-            decoding_config=setup.decoding) if data.selection else None
+            decoding_config=setup.config.decoding) if data.selection else None
         self.bar = None
 
     def run(self) -> None:
@@ -326,7 +325,7 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
     tester = evaluate.Evaluator(
         setup.trainer.eval_step, splits.test, data.test, data.layout,
         config.train.eval_batch_size, setup.trainer.mesh, explain=True,
-        decoding_config=setup.decoding)
+        decoding_config=setup.config.decoding)
     results, scored_steps = {}, {}
     kinds = [(checkpoints.SELECTED, ""), (checkpoints.BEST_ACCURACY, checkpoints.BEST_ACCURACY)]
     for kind, subdir in kinds[:1] if not data.selection else kinds:  # dev_all: the last step

@@ -1,8 +1,8 @@
-"""The command line's checks of a config, read off the schema (``trip_jax.config.sections``).
+"""The checks of a whole config that no single section makes, read off the schema.
 
-``CHOICES`` and ``RANGES`` (dotted key -> allowed values / ``Rule``) come from the section
-dataclasses, ``CROSS_RULES`` relate keys; ``check_config(config)`` raises ``cli.UsageError`` with
-one line for the first bad key. Details: docs/reference.md#allowed-values.
+``check_keys(values)`` names the first key the schema lacks or a config lacks; ``check_rules``
+the first breaking a ``CROSS_RULES`` rule between keys (one-line ``messages.ConfigError``).
+``CHOICES`` and ``RANGES`` list each key's declared values. Details: docs/reference.md#allowed-values.
 """
 
 from __future__ import annotations
@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import ml_collections
-
-from trip_jax import cli
 from trip_jax.config import sweeps
 from trip_jax.config.fields import Rule
+from trip_jax.config.messages import ConfigError, bad_value, closest
 from trip_jax.config.sections import KEYS
 
 CHOICES: dict[str, tuple] = {name: key.choices for name, key in KEYS.items() if key.choices}
@@ -70,38 +68,26 @@ CROSS_RULES: tuple[CrossRule, ...] = (
     _seq_len, _detector_heads, _random_encoder, _mesh_axes, _cv_sweep)
 
 
-def bad_value(key: str, value: Any, allowed: str) -> str:
-    """One line: ``bad value for --config.KEY: VALUE (allowed: ...)``."""
-    return f"bad value for --config.{key}: {value!r} (allowed: {allowed})"
-
-
 def check_keys(values: Mapping[str, Any]) -> None:
-    """UsageError for the first key of the schema that ``values`` (every key and section by
-    dotted path, ``cli.config_values``) lacks, or the first of its keys the schema lacks."""
-    sections = {name.rpartition(".")[0] for name in KEYS}
-    sections |= {s.rpartition(".")[0] for s in sections}
+    """ConfigError for the first key of the schema that ``values`` (every key by dotted path)
+    lacks, or the first of its keys the schema lacks."""
     for key in KEYS:
         if key not in values:
-            raise cli.UsageError(f"the config has no key {key} (configs/base.py builds every "
-                                 "key of trip_jax/config/sections.py)")
+            raise ConfigError(f"the config has no key {key} (configs/base.py builds every "
+                              "key of trip_jax/config/sections.py)")
     for key in values:
-        if key not in KEYS and key not in sections:
-            hint = cli.closest(key, KEYS)
-            raise cli.UsageError(f"unknown config key {key}"
-                                 + (f"; did you mean {hint}?" if hint else "")
-                                 + " (not in trip_jax/config/sections.py)")
+        if key not in KEYS:
+            hint = closest(key, KEYS)
+            raise ConfigError(f"unknown config key {key}"
+                              + (f"; did you mean {hint}?" if hint else "")
+                              + " (not in trip_jax/config/sections.py)")
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
-    """``cli.UsageError`` for the first key of ``config`` that is missing or unknown
-    (``check_keys``), outside its declared range or breaking a ``CROSS_RULES`` rule."""
-    values = cli.config_values(config)
-    check_keys(values)
-    for key, rule in RANGES.items():
-        if not rule.test(values[key]):
-            raise cli.UsageError(bad_value(key, values[key], rule.allowed))
+def check_rules(values: Mapping[str, Any]) -> None:
+    """ConfigError for the first key of ``values`` (every key by dotted path) that breaks a
+    ``CROSS_RULES`` rule."""
     for cross_rule in CROSS_RULES:
         broken = cross_rule(values)
         if broken is not None:
             key, allowed = broken
-            raise cli.UsageError(bad_value(key, values[key], allowed))
+            raise ConfigError(bad_value(key, values[key], allowed))

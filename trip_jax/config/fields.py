@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import ml_collections
 
+from trip_jax.config.messages import ConfigError, bad_choice, bad_value
+
 T = TypeVar("T")
 
 
@@ -82,13 +84,12 @@ MESH_SIZE = Rule(lambda v: _is_number(v) and (v == -1 or v >= 1),
                  "-1 (every device the other axis leaves) or >= 1")
 
 
-def option(default: Any, help: str, rule: Rule | None = None, *, key: bool = True) -> Any:
+def option(default: Any, help: str, rule: Rule | None = None) -> Any:
     """A section field: ``default``, one line of ``help`` and the ``rule`` of its values.
 
-    A dataclass ``default`` (a nested section) is copied for each instance. ``key=False``
-    marks a field that is no config key (filled in by the code, e.g. from another section).
+    A dataclass ``default`` (a nested section) is copied for each instance.
     """
-    metadata = {"help": help, "rule": rule, "key": key}
+    metadata = {"help": help, "rule": rule}
     if dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=lambda: default, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -126,8 +127,6 @@ def keys(cls: type, prefix: str = "") -> dict[str, Key]:
     out: dict[str, Key] = {}
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        if not field.metadata.get("key", True):
-            continue
         name = prefix + field.name
         default = (field.default_factory() if field.default is dataclasses.MISSING
                    else field.default)
@@ -144,8 +143,6 @@ def config_dict(cls: type) -> ml_collections.ConfigDict:
     in declaration order)."""
     out = ml_collections.ConfigDict()
     for field in dataclasses.fields(cls):
-        if not field.metadata.get("key", True):
-            continue
         default = (field.default_factory() if field.default is dataclasses.MISSING
                    else field.default)
         out[field.name] = (config_dict(type(default)) if dataclasses.is_dataclass(default)
@@ -155,7 +152,7 @@ def config_dict(cls: type) -> ml_collections.ConfigDict:
 
 class Section:
     """Base of the section dataclasses: construction checks every key holding a Python value
-    against its declaration (ValueError naming the key, its value and what is allowed); other
+    against its declaration (ConfigError naming the key, its value and what is allowed); other
     values (e.g. traced loss weights under ``jax.grad``) are the caller's."""
 
     SECTION = ""  # the section's dotted path in the config, for messages
@@ -168,16 +165,22 @@ class Section:
             if not isinstance(value, (bool, int, float, str)):
                 continue
             if key.choices is not None and value not in key.choices:
-                raise ValueError(f"unknown {label} {value!r}; expected one of {key.choices}")
-            problem = key.problem(value)
-            if problem is not None:
-                raise ValueError(f"{label} must be {problem}, got {value!r}")
+                raise ConfigError(bad_choice(label, value, key.choices))
+            if key.rule is not None and not key.rule.test(value):
+                raise ConfigError(bad_value(label, value, key.rule.allowed))
 
     @classmethod
     def from_mapping(cls: type[T], values: Mapping[str, Any]) -> T:
-        """``cls(**values)``; a key that is not a field of ``cls`` is a KeyError naming it."""
+        """``cls`` of ``values`` (nested sections from nested mappings); a key that is not a
+        field of ``cls`` is a KeyError naming it. Only the typed config's builder
+        (``trip_jax.config.typed``) and tests call it."""
         values = dict(values)
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        declared = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(values) - set(declared)
         if unknown:
             raise KeyError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+        for name, value in values.items():
+            section = declared[name].default_factory  # nested sections only have one
+            if section is not dataclasses.MISSING and not isinstance(value, Section):
+                values[name] = type(section()).from_mapping(value)
         return cls(**values)

@@ -13,13 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from trip_jax import cli
+from trip_jax.config.messages import ConfigError, closest
 from trip_jax.config.fields import config_dict
 from trip_jax.config.sections import CONFIG_VERSION, KEYS, Config
-
-
-class ConfigError(ValueError):
-    """A saved config that no version of the schema reads: one line naming the key and where."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +106,7 @@ def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     flat["config_version"] = CONFIG_VERSION
     for key in flat:
         if key not in KEYS:
-            hint = cli.closest(key, KEYS)
+            hint = closest(key, KEYS)
             raise ConfigError(f"{where}: unknown config key {key}"
                               + (f"; did you mean {hint}?" if hint else ""))
     for key in KEYS:

@@ -2,7 +2,7 @@
 allowed values and help.
 
 ``Config`` is the whole config; ``fields.config_dict(Config)`` is what ``configs/base.py`` starts
-from. Defaults are the reference's unless a help line says otherwise. Details: docs/reference.md.
+from, and each entry point builds a ``Config`` once (``trip_jax.config.typed``). Details: docs/reference.md.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import dataclasses
 import typing
 from typing import Any, Literal
 
-from trip_jax.data import schema
 from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_INT, REGEX, Rule,
                                     Section, above, at_least, interval, keys, option)
 
@@ -123,15 +122,10 @@ class TieredConfig(Section):
     """Architecture of the tiered model (``config.model.tiered``; docs/reference.md, "Model").
 
     The detector width d_model is ``embedding_projection + state_projection`` and
-    ``detector_heads`` divides it. ``max_sentences`` (from ``data.max_sentences``) and
-    ``num_classes`` (``trip_jax.data.schema``) are filled in by the code, not config keys.
+    ``detector_heads`` divides it (``trip_jax.config.checks``).
     """
 
     SECTION = "model.tiered"
-    max_sentences: int = option(DataConfig.max_sentences, "S (data.max_sentences)", POSITIVE_INT,
-                                key=False)
-    num_classes: tuple[int, ...] = option(schema.NUM_CLASSES, "classes per attribute",
-                                          key=False)
     head_dropout: float = option(0.1, "dropout before the state heads", DROPOUT)
     embedding_projection: int = option(256, "width of the projected encoder vector",
                                        POSITIVE_INT)
@@ -161,28 +155,10 @@ class TieredConfig(Section):
         "grid", "grid: heads and detector on every cell and track (the reference's); real: on "
         "the real ones plus one padding row and track")
 
-    def __post_init__(self):
-        object.__setattr__(self, "num_classes", tuple(int(n) for n in self.num_classes))
-        super().__post_init__()
-        if self.detector_d_model % self.detector_heads:
-            raise ValueError(
-                f"detector width {self.detector_d_model} (embedding_projection + "
-                f"state_projection) must be divisible by detector_heads={self.detector_heads}")
-
     @property
     def detector_d_model(self) -> int:
         """Width of the conflict detector: the two projections side by side."""
         return self.embedding_projection + self.state_projection
-
-    @property
-    def num_attributes(self) -> int:
-        """Number of attributes (20 for TRIP)."""
-        return len(self.num_classes)
-
-    @property
-    def max_classes(self) -> int:
-        """Width every head is padded to (9 for TRIP)."""
-        return max(self.num_classes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,13 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trip_jax.config.sections import Protocol, choices_of
 from trip_jax.data import readers
 from trip_jax.data.types import StoryPair
 
 logger = logging.getLogger(__name__)
-
-PROTOCOLS: tuple[str, ...] = choices_of(Protocol)  # data.protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +85,8 @@ def cv_split(pairs: Sequence[StoryPair], folds: int, fold: int
 
 
 def resolve_protocol(protocol: str, available: Sequence[str]) -> str:
-    """Returns the protocol to run ("auto" resolved) for a configured one and the splits found."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOLS}")
+    """Returns the protocol to run ("auto" resolved) for a configured one (data.protocol) and
+    the splits found."""
     if protocol == "auto":
         if "train" in available:
             return "standard"

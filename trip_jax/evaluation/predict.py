@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import ml_collections
 from absl import logging
 from etils import epath
 
+from trip_jax.config.sections import Config
+from trip_jax.config.typed import typed
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import decoding, evaluate, explain, explorer, reports
 from trip_jax.training import checkpoints
@@ -192,15 +193,17 @@ def _pair(request: Request, names: tuple) -> StoryPair:
     return StoryPair(pair_id=request.id, stories=stories, label=0)
 
 
-def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: str,
+def predict_file(config: Config | Any, workdir: str, input_path: str,
                  output_path: str | None = None,
                  which: str | int = checkpoints.SELECTED) -> dict[str, Any]:
     """Answers every good line of ``input_path`` with checkpoint ``which`` (module docstring).
 
     Returns {"answers": [record], "problems": {line: message} in line order, "output": the path
     written}. Raises PredictionError when the input file is missing, CheckpointError for a
-    missing, unreadable or mismatched checkpoint.
+    missing, unreadable or mismatched checkpoint. ``config``: typed, or a ConfigDict it is built
+    from (``trip_jax.config.typed``).
     """
+    config = typed(config)
     restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
     max_sentences = restored.config.data.max_sentences
     requests, problems = read_requests(input_path, max_sentences)
@@ -218,7 +221,7 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str, input_path: st
         else:
             keep.append(x)
     predictions = None
-    decoding_config = decoding.DecodingConfig.from_mapping(config.decoding)
+    decoding_config = config.decoding
     if keep:
         evaluator = evaluate.Evaluator(
             evaluate.checkpoint_eval_step(restored), [pairs[x] for x in keep],
@@ -273,7 +276,7 @@ def describe(answer: dict[str, Any]) -> str:
             f"    sentence {c['breakpoint'] + 1}: {c['breakpoint_sentence']!r}")
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, input_path: str,
+def run(config: Config | Any, workdir: str, input_path: str,
         output_path: str | None = None, which: str | int = checkpoints.SELECTED
         ) -> dict[str, Any]:
     """``--mode=predict``: prints every problem (stderr) and answer (stdout), writes the JSON.

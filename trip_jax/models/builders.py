@@ -6,6 +6,7 @@ tokenizer and encoder config) rebuilds exactly the model that was trained.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -16,7 +17,7 @@ import transformers
 from trip_jax.data import batch_contract
 from trip_jax.data.layouts import dense
 from trip_jax.data.tokenizers import tokenizer_info, tokenizer_spec
-from trip_jax.models.tiered import TieredConfig, TieredModel, build_tiered_model
+from trip_jax.models.tiered import TieredModel, build_tiered_model
 from trip_jax.models.weights import load_pretrained
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -31,7 +32,7 @@ def encoder_config_from_dict(values: dict[str, Any]) -> transformers.PretrainedC
 def random_encoder_config(model_config, tokenizer) -> transformers.PretrainedConfig:
     """The Hugging Face config of ``model.random_encoder``, sized to the tokenizer."""
     info = tokenizer_info(tokenizer)
-    values = dict(model_config.random_encoder)
+    values = dataclasses.asdict(model_config.random_encoder)
     values.update(vocab_size=info.vocab_size, pad_token_id=info.pad_id,
                   type_vocab_size=2 if info.uses_token_type_ids else 1)
     return encoder_config_from_dict(values)
@@ -52,11 +53,8 @@ def build_encoder_config(model_config, tokenizer):
 def build_model(config, hf_config) -> TieredModel:
     """The TieredModel of ``config`` around the encoder described by ``hf_config``."""
     model = config.model
-    if model.dtype not in DTYPES:
-        raise ValueError(f"unknown model.dtype {model.dtype!r}; expected one of {sorted(DTYPES)}")
-    tiered = TieredConfig.from_mapping(
-        {**model.tiered.to_dict(), "max_sentences": config.data.max_sentences})
-    return build_tiered_model(hf_config, tiered, dtype=DTYPES[model.dtype], remat=model.remat,
+    return build_tiered_model(hf_config, model.tiered, max_sentences=config.data.max_sentences,
+                              dtype=DTYPES[model.dtype], remat=model.remat,
                               matmul_precision=model.matmul_precision)
 
 

@@ -138,8 +138,6 @@ def cell_view(cells: str, batch: Mapping[str, jax.Array], row_index: jax.Array
     "real" runs the tracks of ``batch["track_index"]`` (int32 [K]), every track where the batch
     has none.
     """
-    if cells not in ("grid", "real"):
-        raise ValueError(f"cells must be 'grid' or 'real', got {cells!r}")
     row_mask = jnp.asarray(batch["row_mask"], bool)
     if cells == "grid":
         return GridCells(row_mask, row_index)

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from trip_jax.config.sections import (Activation, Cells, MatmulPrecision, PaddingRowAttention,
-                                      PaddingRows, TieredConfig, choices_of)
+from trip_jax.config.sections import TieredConfig
+from trip_jax.data.schema import MAX_CLASSES, NUM_ATTRIBUTES, NUM_CLASSES
 from trip_jax.models import exact_mode, layer_stack
 from trip_jax.models.cells import cell_view
 from trip_jax.models.encoders import build_encoder
@@ -25,14 +25,6 @@ from trip_jax.models.encoders import build_encoder
 NEG_LOGIT = -1e9
 
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu}
-# The values of the choice keys of ``model.tiered`` (declared in trip_jax/config/sections.py).
-ACTIVATIONS: tuple[str, ...] = choices_of(Activation)
-PADDING_ROWS: tuple[str, ...] = choices_of(PaddingRows)
-PADDING_ROW_ATTENTION: tuple[str, ...] = choices_of(PaddingRowAttention)
-# Where the state heads and the detector run: every (B, 2, E, S) cell, or the real ones only.
-CELLS: tuple[str, ...] = choices_of(Cells)
-# model.matmul_precision: ``jax.default_matmul_precision``'s name of every matmul's precision.
-MATMUL_PRECISIONS: tuple[str, ...] = choices_of(MatmulPrecision)
 
 
 def class_mask(num_classes: tuple[int, ...]) -> np.ndarray:
@@ -79,7 +71,7 @@ class StateHeads(nn.Module):
     def __call__(self, h, *, deterministic: bool = True):
         """Maps embeddings [N, H] to (pre_logits, eff_logits), each [N, A, max_classes]."""
         cfg = self.config
-        num_heads = 2 * cfg.num_attributes
+        num_heads = 2 * NUM_ATTRIBUTES
         stacked = nn.vmap(
             _StateHead,
             variable_axes={"params": 0},
@@ -88,11 +80,11 @@ class StateHeads(nn.Module):
             out_axes=0,
             axis_size=num_heads,
         )
-        logits = stacked(hidden=h.shape[-1], num_out=cfg.max_classes, dropout=cfg.head_dropout,
+        logits = stacked(hidden=h.shape[-1], num_out=MAX_CLASSES, dropout=cfg.head_dropout,
                          deterministic=deterministic, name="heads")(h)  # [2A, N, C]
-        valid = np.tile(class_mask(cfg.num_classes), (2, 1))[:, None, :]
+        valid = np.tile(class_mask(NUM_CLASSES), (2, 1))[:, None, :]
         logits = jnp.where(valid, logits, NEG_LOGIT)
-        logits = logits.reshape(2, cfg.num_attributes, *logits.shape[1:])
+        logits = logits.reshape(2, NUM_ATTRIBUTES, *logits.shape[1:])
         logits = jnp.moveaxis(logits, 1, -2)  # [2, N, A, C]
         return logits[0], logits[1]
 
@@ -136,6 +128,7 @@ class ConflictDetector(nn.Module):
     names ``layer_<i>``: ``param_names``)."""
 
     config: TieredConfig
+    max_sentences: int
 
     @nn.compact
     def __call__(self, x, sentence_mask, *, deterministic: bool = True):
@@ -152,7 +145,7 @@ class ConflictDetector(nn.Module):
             x = x * sentence_mask[..., None]
         x = x.reshape(x.shape[0], -1)
         x = nn.Dropout(cfg.conflict_dropout)(x, deterministic=deterministic)
-        return nn.Dense(cfg.max_sentences, name="conflict_out")(x)
+        return nn.Dense(self.max_sentences, name="conflict_out")(x)
 
 
 class TieredModel(nn.Module):
@@ -161,10 +154,12 @@ class TieredModel(nn.Module):
     ``encoder`` is a module following the encoder contract (see ``build_tiered_model`` to build
     it from a Hugging Face config); its parameters live under ``params["encoder"]``. Every
     matmul of the model (encoder, heads, detector; their gradients too) runs at
-    ``matmul_precision`` (``MATMUL_PRECISIONS``).
+    ``matmul_precision`` (model.matmul_precision). ``max_sentences`` is S (``data.max_sentences``);
+    the attributes and their classes are the data's (``trip_jax.data.schema``).
     """
 
     encoder: nn.Module
+    max_sentences: int
     config: TieredConfig = TieredConfig()
     matmul_precision: str = "default"
 
@@ -174,7 +169,7 @@ class TieredModel(nn.Module):
 
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
-        story_score [B,2], story_pred [B]. ValueError if S != ``config.max_sentences``.
+        story_score [B,2], story_pred [B]. ValueError if S != ``max_sentences``.
         """
         with jax.default_matmul_precision(self.matmul_precision):
             return self.outputs(batch, deterministic)
@@ -185,9 +180,9 @@ class TieredModel(nn.Module):
         """``__call__`` at the precision in force."""
         cfg = self.config
         num_sentences = np.shape(batch["row_mask"])[-1]
-        if num_sentences != cfg.max_sentences:
-            raise ValueError(f"batch has S={num_sentences} sentences but config.max_sentences="
-                             f"{cfg.max_sentences}")
+        if num_sentences != self.max_sentences:
+            raise ValueError(f"batch has S={num_sentences} sentences but max_sentences="
+                             f"{self.max_sentences}")
 
         # Encoder rows -> the head inputs of the cells the heads run on.
         rows, row_index, padding = self.row_embeddings(batch, deterministic)
@@ -202,7 +197,7 @@ class TieredModel(nn.Module):
         # Dense(dropout(s)), s the real state logits without gradient.
         drop = lambda y: nn.Dropout(cfg.projection_dropout)(y, deterministic=deterministic)
         logits = jax.lax.stop_gradient(real_state_logits(pre_logits, eff_logits,
-                                                         cfg.num_classes))
+                                                         NUM_CLASSES))
         projected = cells.tracks(nn.Dense(cfg.state_projection, name="states_proj")(drop(logits)))
         embedded = cells.tracks(nn.Dense(cfg.embedding_projection, name="embedding_proj")(
             drop(h)))
@@ -210,7 +205,7 @@ class TieredModel(nn.Module):
         embedded, projected = _cells_of(embedded), _cells_of(projected)
         detector_input = jnp.concatenate([embedded, projected], axis=-1).reshape(
             *cells.track_mask.shape, -1)
-        conflict_logits = ConflictDetector(cfg, name="detector")(
+        conflict_logits = ConflictDetector(cfg, self.max_sentences, name="detector")(
             detector_input, cells.track_mask, deterministic=deterministic)  # [T, S]
 
         # Story choice, from the beliefs on the grid.
@@ -282,16 +277,15 @@ def real_state_logits(pre_logits: jax.Array, eff_logits: jax.Array,
                             eff_logits.reshape(len(eff_logits), -1)[:, columns]], axis=-1)
 
 
-def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *,
+def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *, max_sentences: int,
                        dtype=jnp.float32, remat: bool = False,
                        matmul_precision: str = "default") -> TieredModel:
-    """Builds a TieredModel whose encoder comes from ``build_encoder(hf_config)``.
+    """Builds a TieredModel of S = ``max_sentences`` whose encoder comes from
+    ``build_encoder(hf_config)``.
 
     ``dtype``/``remat`` go to the encoder; the heads and detector compute in float32; every
-    matmul at ``matmul_precision`` (one of ``MATMUL_PRECISIONS``, else ValueError).
+    matmul at ``matmul_precision`` (``jax.default_matmul_precision``'s name).
     """
-    if matmul_precision not in MATMUL_PRECISIONS:
-        raise ValueError(f"unknown model.matmul_precision {matmul_precision!r}; expected one of "
-                         f"{MATMUL_PRECISIONS}")
-    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat), config=config,
+    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat),
+                       max_sentences=max_sentences, config=config,
                        matmul_precision=matmul_precision)

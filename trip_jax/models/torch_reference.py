@@ -50,10 +50,10 @@ class ReferenceConfig:
         return self.embedding_projection + self.state_projection
 
     @classmethod
-    def from_tiered(cls, tiered) -> "ReferenceConfig":
-        """The ReferenceConfig of a ``trip_jax.models.tiered.TieredConfig``."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{n: getattr(tiered, n) for n in names})
+    def from_tiered(cls, tiered, max_sentences: int) -> "ReferenceConfig":
+        """The ReferenceConfig of a ``trip_jax.models.tiered.TieredConfig`` and S."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"max_sentences", "num_classes"}
+        return cls(max_sentences=max_sentences, **{n: getattr(tiered, n) for n in names})
 
 
 def legacy_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:

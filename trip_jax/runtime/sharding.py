@@ -14,7 +14,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from trip_jax.config import checks
+from trip_jax.config.messages import bad_value
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp")
 # The batch's leading dimension is split over every device.
@@ -58,7 +58,7 @@ def check_batch_split(batch_size: int, axis_sizes) -> None:
     shards = batch_shards(axis_sizes)
     if batch_size % shards:
         mesh = " x ".join(f"{axis}={size}" for axis, size in dict(axis_sizes).items())
-        raise ValueError(checks.bad_value(
+        raise ValueError(bad_value(
             "train.batch_size", batch_size,
             f"a multiple of {shards}, the devices the batch is split over: mesh {mesh}"))
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -26,6 +25,9 @@ from trip_jax.models import builders, param_names
 from trip_jax.runtime import paths, sharding
 from trip_jax.training import checksums
 from trip_jax.config import migrate
+from trip_jax.config.messages import ConfigError
+from trip_jax.config.sections import Config, MeshConfig
+from trip_jax.config.typed import as_dict, typed
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
 
 LATEST = "latest"
@@ -62,17 +64,13 @@ class DamagedCheckpointError(CheckpointError):
     recorded when it was saved."""
 
 
-def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The config as plain JSON values."""
-    return json.loads(config.to_json())
-
-
-def saved_config(values: dict[str, Any], where: str) -> dict[str, Any]:
-    """A saved config (``meta["config"]`` of a checkpoint in ``where``) brought to the current
-    schema (``trip_jax.config.migrate``); CheckpointError when no version reads it."""
+def saved_config(values: dict[str, Any], where: str) -> Config:
+    """The typed config of a saved one (``meta["config"]`` of a checkpoint in ``where``),
+    brought to the current schema (``trip_jax.config.migrate``); CheckpointError when no
+    version reads it."""
     try:
-        return migrate.migrate(values, f"the config of {where}")
-    except migrate.ConfigError as err:
+        return typed(migrate.migrate(values, f"the config of {where}"))
+    except ConfigError as err:
         raise CheckpointError(str(err)) from None
 
 
@@ -90,12 +88,11 @@ def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
     return [] if saved == current else [f"{prefix[:-1]}: saved {saved!r}, now {current!r}"]
 
 
-def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict,
-                     where: str) -> None:
+def check_compatible(saved: dict[str, Any], config: Config, where: str) -> None:
     """Raises CheckpointError when ``config`` describes another model than ``saved`` (a saved
     config, migrated to the current schema first)."""
-    diffs = _differences(_model_part(saved_config(saved, where)),
-                         _model_part(config_to_dict(config)))
+    diffs = _differences(_model_part(as_dict(saved_config(saved, where))),
+                         _model_part(as_dict(config)))
     if diffs:
         raise CheckpointError(
             f"the checkpoint in {where} was trained with a different model config:\n  "
@@ -109,7 +106,7 @@ def write_run_files(workdir: str, config, hf_config, tokenizer) -> None:
         return
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
-    paths.write_atomic(root / CONFIG_FILE, config.to_json(indent=2) + "\n")
+    paths.write_atomic(root / CONFIG_FILE, json.dumps(as_dict(config), indent=2) + "\n")
     paths.write_atomic(root / ENCODER_CONFIG_FILE, hf_config.to_json_string())
     save_tokenizer(tokenizer, root / TOKENIZER_DIR)
 
@@ -428,7 +425,7 @@ class EvalModel:
     model: Any                     # TieredModel
     params: Any                    # placed with ``param_shardings`` on ``mesh``
     tokenizer: Any
-    config: ml_collections.ConfigDict
+    config: Config
     meta: dict[str, Any]           # step, epoch, selection metrics, protocol, ...
     step: int
     kind: str                      # its kind (KINDS), whatever name it was asked by
@@ -464,7 +461,7 @@ def _eval_mesh(fsdp: int) -> jax.sharding.Mesh:
     """All current devices, with the training run's fsdp size where it divides them."""
     count = jax.device_count()
     fsdp = fsdp if fsdp > 0 and count % fsdp == 0 else 1
-    return sharding.create_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=fsdp)))
+    return sharding.create_mesh(MeshConfig(data=-1, fsdp=fsdp))
 
 
 def _saved_params(manager: ocp.CheckpointManager, step: int) -> dict[tuple[str, ...], Any]:
@@ -553,7 +550,7 @@ def _stack_leaves(old, abstract):
 
 def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                      mesh: jax.sharding.Mesh | None = None,
-                     config: ml_collections.ConfigDict | None = None) -> EvalModel:
+                     config: Config | None = None) -> EvalModel:
     """Rebuilds a trained model from ``workdir`` alone, ready to evaluate or predict.
 
     ``which``: "selected" (default; "best_verifiability" is its old name), "best_accuracy",
@@ -573,7 +570,7 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
         verify_meta(meta, where)
         if config is not None:
             check_compatible(meta["config"], config, where)
-        saved = ml_collections.ConfigDict(saved_config(meta["config"], where))
+        saved = saved_config(meta["config"], where)
         hf_config = builders.encoder_config_from_dict(meta["encoder_config"])
         model = builders.build_model(saved, hf_config)
         mesh = mesh or _eval_mesh(saved.mesh.fsdp)

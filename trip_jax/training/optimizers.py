@@ -144,9 +144,7 @@ def learning_rate_schedule(train_config, total_steps: int, lr: float | None = No
     """The learning rate per step: constant, or linear warm-up then linear/cosine decay to 0;
     peak ``lr`` (default ``train_config.learning_rate``)."""
     lr = train_config.learning_rate if lr is None else lr
-    kind = train_config.schedule
-    if kind not in SCHEDULES:
-        raise ValueError(f"unknown train.schedule {kind!r}; expected one of {SCHEDULES}")
+    kind = train_config.schedule  # one of SCHEDULES (checked by the schema)
     if kind == "constant":
         return optax.constant_schedule(lr)
     warmup = max(1, min(total_steps - 1, round(train_config.warmup_fraction * total_steps)))

@@ -9,25 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from trip_jax.config.sections import Selection, choices_of
-
-SELECTIONS: tuple[str, ...] = choices_of(Selection)  # train.selection
 # consistency + verifiability lies in [0, 2]: a partial window's score falls below every full one.
 PARTIAL_WINDOW_PENALTY = 2.0
 
 
-def check_selection(rule: str, window: int) -> None:
-    """Raises ValueError for an unknown rule or a window below 1."""
-    if rule not in SELECTIONS:
-        raise ValueError(f"unknown train.selection {rule!r}; expected one of {SELECTIONS}")
-    if window < 1:
-        raise ValueError(f"train.selection_window must be >= 1, got {window}")
-
-
 def selection_score(history: Sequence[Mapping[str, float]], rule: str, window: int) -> float:
     """The selection score of the last evaluation of ``history`` (oldest first; each entry holds
-    at least consistency and verifiability) under ``rule`` (module docstring)."""
-    check_selection(rule, window)
+    at least consistency and verifiability) under ``rule`` (module docstring; ``rule`` and
+    ``window`` are train.selection and train.selection_window, checked by the schema)."""
     if not history:
         raise ValueError("no evaluation to score")
     if rule == "verifiability":

@@ -105,17 +105,19 @@ def init_params_from(config, params):
     source = checkpoints.restore_for_eval(train_config.init_from,
                                           train_config.init_from_checkpoint)
     for key in ("encoder", "tokenizer"):
-        if source.config.model[key] != config.model[key]:
+        theirs, ours = getattr(source.config.model, key), getattr(config.model, key)
+        if theirs != ours:
             raise ValueError(f"train.init_from: {train_config.init_from} was trained with "
-                             f"model.{key}={source.config.model[key]!r}, this run has "
-                             f"{config.model[key]!r}")
+                             f"model.{key}={theirs!r}, this run has {ours!r}")
     split_keys = ("data_dir", "protocol", "holdout_fraction", "holdout_seed", "folds", "fold",
                   "max_pairs")
-    changed = [k for k in split_keys if source.config.data[k] != config.data[k]]
+    changed = [k for k in split_keys
+               if getattr(source.config.data, k) != getattr(config.data, k)]
     if changed:
         logging.warning("train.init_from: %s used other data settings (%s): it may have trained "
                         "on this run's selection pairs", train_config.init_from,
-                        ", ".join(f"data.{k}={source.config.data[k]!r}" for k in changed))
+                        ", ".join(f"data.{k}={getattr(source.config.data, k)!r}"
+                                  for k in changed))
     # Parameter by parameter and layer by layer (param_names: the per-layer view), so that a
     # run with more layers takes the earlier run's and initialises the others.
     loaded = {_name(p): v for p, v in param_names.unstack_layers(

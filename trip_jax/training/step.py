@@ -13,9 +13,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
+from trip_jax.config.sections import Config
 from trip_jax.data import batch_contract
 from trip_jax.runtime import sharding
 from trip_jax.training import losses, optimizers
@@ -93,7 +93,7 @@ class Trainer:
     schedule, the train state's shardings, the jitted train and eval steps and the parameter
     norm (``make_param_norm``)."""
 
-    config: ml_collections.ConfigDict
+    config: Config
     model: Any
     mesh: jax.sharding.Mesh
     tx: optax.GradientTransformation
@@ -119,9 +119,8 @@ def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
     step (``make_eval_step``) and parameter norm (``make_param_norm``) on ``mesh``."""
     tx, schedule = optimizers.make_optimizer(config.train, total_steps)
     _, shardings = abstract_train_state(config, model, tx, mesh)
-    loss_config = losses.LossConfig.from_mapping(config.loss)
-    train_step = make_train_step(model, tx, schedule, loss_config, mesh, shardings,
+    train_step = make_train_step(model, tx, schedule, config.loss, mesh, shardings,
                                  config.train.seed, freeze_encoder=config.train.freeze_encoder)
-    eval_step = make_eval_step(model, loss_config, mesh, shardings.params)
+    eval_step = make_eval_step(model, config.loss, mesh, shardings.params)
     return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step,
                    make_param_norm(mesh, shardings.params))

@@ -53,9 +53,6 @@ class Layout:
         if self.entity_padding not in ENTITY_PADDINGS:
             raise ValueError(f"unknown data.entity_padding {self.entity_padding!r}; expected one "
                              f"of {ENTITY_PADDINGS}")
-        if self.token_types not in features.TOKEN_TYPES:
-            raise ValueError(f"unknown data.token_types {self.token_types!r}; expected one of "
-                             f"{features.TOKEN_TYPES}")
 
     def encode(self, pairs: Sequence[StoryPair], tokenizer) -> list[EncodedPair]:
         """Tokenizes every (story, entity, sentence) row of ``pairs``
