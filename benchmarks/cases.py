@@ -57,7 +57,7 @@ def _random_encoder(encoder: dict) -> ml_collections.ConfigDict:
     config.data.buckets.update(dict(token_multiple=16))
     config.model.encoder = ""
     config.model.tokenizer = minilm.model_dir() if has_minilm() else "word_level:bert"
-    config.model.random_encoder = ml_collections.ConfigDict(encoder)
+    config.model.random_encoder.update(encoder)
     return config
 
 
@@ -114,7 +114,7 @@ def model_config(name: str, *, dtype: str | None = None,
         config = roberta.get_config()
         config.model.encoder = ""
         config.model.tokenizer = minilm.model_dir() if has_minilm() else "word_level:roberta"
-        config.model.random_encoder = ml_collections.ConfigDict(EXACT_MODELS[name])
+        config.model.random_encoder.update(EXACT_MODELS[name])
         config.model.dtype = "bfloat16"
     elif (paper := paper_config(name)) is not None:
         config = paper

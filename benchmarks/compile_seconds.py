@@ -27,6 +27,9 @@ BEFORE = "6782769"
 # This tree's measuring code, copied over the before tree's (step_profile --compile and the
 # _lN models are newer than it); the measured code (trip_jax, configs) stays the before tree's.
 OVERLAY = ("benchmarks/step_profile.py", "benchmarks/harness.py", "benchmarks/cases.py")
+# The measuring code copied into the before tree: step_profile --compile as first written, before
+# the typed config (issue 45), which the before tree's trip_jax lacks.
+OVERLAY_COMMIT = "689e710"
 TREES = ("before", "after")
 # Per-tree fields of a compile record that are medians over ``--repeats``.
 SECONDS = ("train_lower_s", "train_compile_s", "eval_lower_s", "eval_compile_s")
@@ -56,14 +59,14 @@ def _git(*args: str, cwd: Path = REPO) -> str:
 
 @contextlib.contextmanager
 def before_tree(commit: str) -> Iterator[Path]:
-    """A detached worktree of ``commit`` in a temporary folder with ``OVERLAY`` copied from
-    this tree; removed afterwards."""
+    """A detached worktree of ``commit`` in a temporary folder with ``OVERLAY`` as of
+    ``OVERLAY_COMMIT`` (measuring code that still runs on the before tree); removed afterwards."""
     folder = Path(tempfile.mkdtemp(prefix="compile_seconds_"))
     tree = folder / "before"
     _git("worktree", "add", "--detach", str(tree), commit)
     try:
         for path in OVERLAY:
-            shutil.copy2(REPO / path, tree / path)
+            (tree / path).write_text(_git("show", f"{OVERLAY_COMMIT}:{path}") + "\n")
         yield tree
     finally:
         _git("worktree", "remove", "--force", str(tree))
@@ -261,7 +264,8 @@ def measure(options, out: Path) -> dict:
         "command": [sys.argv[0], *(sys.argv[1:] if options.argv is None else options.argv)],
         "complete": False, "environment": environment(),
         "load_average": {"start": os.getloadavg()},
-        "trees": {"before": {"commit": options.before, "overlay": list(OVERLAY)},
+        "trees": {"before": {"commit": options.before, "overlay": list(OVERLAY),
+                            "overlay_commit": OVERLAY_COMMIT},
                   "after": {"commit": _git("rev-parse", "--short", "HEAD"),
                             "uncommitted_changes": dirty}},
         "repeats": options.repeats, "cases": planned(case_list)["cases"]}

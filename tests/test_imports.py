@@ -20,8 +20,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # batch contract), the model on the data, training on the model, evaluation on training's
 # checkpoints and steps; the training loop and the commands at the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("cli", "data.schema"),
+    ("data.schema",),
     ("config",),
+    ("cli",),
     ("runtime",),
     ("data",),
     ("models",),

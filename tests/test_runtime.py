@@ -4,6 +4,9 @@ import jax
 import pytest
 from ml_collections import ConfigDict
 
+from configs import base
+from trip_jax.config import messages
+from trip_jax.config.typed import typed
 from trip_jax.runtime import jax_setup
 
 
@@ -35,6 +38,9 @@ def test_rbg_keys_and_cache_directory(restore_jax_config, tmp_path):
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
 
 
-def test_unknown_prng_impl_is_an_error(restore_jax_config):
-    with pytest.raises(ValueError, match="unknown PRNG implementation 'philox'"):
-        jax_setup.configure_jax(_config("philox"))
+def test_unknown_prng_impl_is_refused_by_the_schema_before_jax_is_configured():
+    # The one check of train.prng_impl is its schema declaration (trip_jax/config/sections.py).
+    config = base.get_config()
+    config.train.prng_impl = "philox"
+    with pytest.raises(messages.ConfigError, match="train.prng_impl: unknown value 'philox'"):
+        typed(config)

@@ -69,11 +69,10 @@ def _wanted_decodings(config) -> dict[str, dict[str, Any]]:
         for combination in sweeps.combinations(config.cv.sweep)}
 
 
-def fold_sweep(fold_dir: epath.PathLike, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """{label: held-out scores} of one fold under each wanted decoding: read from
-    ``foldF/sweep.json`` where it holds them (same decoding keys), the others decoded from the
-    fold's last checkpoint and added to that file. CheckpointError when one is missing and the
-    checkpoint is gone. Process 0 writes."""
+def fold_sweep(fold_dir: epath.PathLike, wanted: dict[str, dict[str, Any]]) -> None:
+    """Makes ``foldF/sweep.json`` hold the held-out scores of every wanted decoding (those it
+    lacks, or holds under other decoding keys, decoded from the fold's last checkpoint).
+    CheckpointError when one is missing and the checkpoint is gone. Process 0 writes."""
     path = epath.Path(fold_dir) / SWEEP_FILE
     held = _read_sweep(path)
     missing = {label: keys for label, keys in wanted.items()
@@ -89,7 +88,6 @@ def fold_sweep(fold_dir: epath.PathLike, wanted: dict[str, dict[str, Any]]) -> d
                 f"cannot be read ({err}); remove {fold_dir} to train that fold again") from None
         if jax.process_index() == 0:
             paths.write_atomic(path, json.dumps(held, indent=1, sort_keys=True) + "\n")
-    return {label: held[label]["scores"] for label in wanted}
 
 
 def _read_sweep(path: epath.Path) -> dict[str, Any]:

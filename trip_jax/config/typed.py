@@ -1,10 +1,8 @@
 """The typed config: ``typed(config)`` is the ``sections.Config`` an entry point builds once.
 
-It reads a ConfigDict or nested mapping (a config file's, a migrated config.json): every key of
-the schema and no other (``checks.check_keys``), each value as its section declares it, the
-rules between keys (``checks.check_rules``); ``messages.ConfigError`` names the first bad key.
-``as_dict`` gives its JSON values, ``replace`` a copy with some dotted keys changed.
-"""
+From a ConfigDict or nested mapping: every schema key and no other, each value checked by its
+section, then the rules between keys (``messages.ConfigError`` names the first bad key).
+``as_dict`` gives its JSON values, ``replace`` a copy with some dotted keys changed."""
 
 from __future__ import annotations
 
