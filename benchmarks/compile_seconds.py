@@ -261,7 +261,8 @@ def measure(options, out: Path) -> dict:
                 "(benchmarks.step_profile --compile: .lower().compile() on the train state's "
                 "shapes, nothing run, one process per case and tree, persistent cache off), "
                 "before and after",
-        "command": [sys.argv[0], *(sys.argv[1:] if options.argv is None else options.argv)],
+        "command": ["python -m benchmarks.compile_seconds",
+                    *(sys.argv[1:] if options.argv is None else options.argv)],
         "complete": False, "environment": environment(),
         "load_average": {"start": os.getloadavg()},
         "trees": {"before": {"commit": options.before, "overlay": list(OVERLAY),
