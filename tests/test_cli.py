@@ -10,7 +10,7 @@ import pytest
 from absl import flags
 
 from trip_jax import cli, convert, main, score
-from trip_jax.config import checks
+from trip_jax.config import sections
 from trip_jax.data import __main__ as data_command
 from trip_jax.evaluation import run_summary
 
@@ -102,8 +102,8 @@ def test_every_key_with_a_rule_exists_in_the_base_config():
     from configs import base
 
     keys = cli.config_values(base.get_config())
-    assert not [k for k in checks.RANGES if k not in keys]
-    assert not [k for k in checks.CHOICES if k not in keys]
+    assert not [k for k, key in sections.KEYS.items() if key.rule and k not in keys]
+    assert not [k for k, key in sections.KEYS.items() if key.choices and k not in keys]
 
 
 def mesh_config(data, fsdp, batch_size):

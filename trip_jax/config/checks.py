@@ -2,7 +2,7 @@
 
 ``check_keys(values)`` names the first key the schema lacks or a config lacks; ``check_rules``
 the first breaking a ``CROSS_RULES`` rule between keys (one-line ``messages.ConfigError``).
-``CHOICES`` and ``RANGES`` list each key's declared values. Details: docs/reference.md#allowed-values.
+Each key's own values are checked by its section (``fields.Section``). Details: docs/reference.md#allowed-values.
 """
 
 from __future__ import annotations
@@ -11,12 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trip_jax.config import sweeps
-from trip_jax.config.fields import Rule
 from trip_jax.config.messages import ConfigError, bad_value, closest
 from trip_jax.config.sections import KEYS
-
-CHOICES: dict[str, tuple] = {name: key.choices for name, key in KEYS.items() if key.choices}
-RANGES: dict[str, Rule] = {name: key.rule for name, key in KEYS.items() if key.rule}
 
 # A rule between keys: returns (the key to change, what it allows) when ``values`` (every key by
 # dotted path) breaks it, else None.
