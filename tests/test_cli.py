@@ -11,7 +11,7 @@ from absl import flags
 
 from trip_jax import cli, convert, main, score
 from trip_jax.config import sections
-from trip_jax.data import __main__ as data_command
+from trip_jax.datatools import __main__ as data_command
 from trip_jax.evaluation import run_summary
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def test_a_bug_outside_the_command_line_keeps_its_traceback():
 ENTRY_POINTS = {
     "main": (lambda argv: parse(argv)[0], BASE),
     "score": (score.parse_flags, ["trip_jax.score", "--predictions=README.md", "--out=/x/out"]),
-    "data": (data_command.parse_flags, ["trip_jax.data", "download", "--dest=/x/data"]),
+    "data": (data_command.parse_flags, ["trip_jax.datatools", "download", "--dest=/x/data"]),
     "run_summary": (run_summary.parse_flags, ["trip_jax.evaluation.run_summary", str(REPO)]),
     "convert": (convert.parse_flags, ["trip_jax.convert", "--authors_model=README.md",
                                       "--workdir=/x/w"]),
@@ -215,15 +215,15 @@ def test_every_entry_point_refuses_a_mistake_in_one_line_with_status_2(entry, mi
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["trip_jax.data"], "error: missing command: one of stats, download, tfds_build, "
+    (["trip_jax.datatools"], "error: missing command: one of stats, download, tfds_build, "
                         "entities_eval (see --help)"),
-    (["trip_jax.data", "stast"], "error: unknown command 'stast'; did you mean 'stats'?"),
-    (["trip_jax.data", "stats", "stray"], "error: unexpected arguments: stray"),
+    (["trip_jax.datatools", "stast"], "error: unknown command 'stast'; did you mean 'stats'?"),
+    (["trip_jax.datatools", "stats", "stray"], "error: unexpected arguments: stray"),
     (["trip_jax.evaluation.run_summary", "--out=/x"], "error: missing RUN_DIR (one or more)"),
     (["trip_jax.score", "--out=/x"], "error: --predictions is required"),
 ])
 def test_commands_and_arguments_are_checked_as_flags_are(argv, expected, capsys):
-    parser = {"trip_jax.data": data_command.parse_flags, "trip_jax.score": score.parse_flags,
+    parser = {"trip_jax.datatools": data_command.parse_flags, "trip_jax.score": score.parse_flags,
               "trip_jax.evaluation.run_summary": run_summary.parse_flags}[argv[0]]
     with pytest.raises(SystemExit) as exit_info:
         parser(argv)
@@ -232,10 +232,10 @@ def test_commands_and_arguments_are_checked_as_flags_are(argv, expected, capsys)
     assert len(lines) == 1 and lines[0].startswith(expected), lines
 
 
-@pytest.mark.parametrize("argv", [["trip_jax.score", "--help"], ["trip_jax.data", "stats", "-h"],
+@pytest.mark.parametrize("argv", [["trip_jax.score", "--help"], ["trip_jax.datatools", "stats", "-h"],
                                   ["trip_jax.convert", "--helpfull"]])
 def test_help_shows_the_commands_text_and_flags_and_exits_0(argv, capsys):
-    parser = {"trip_jax.data": data_command.parse_flags, "trip_jax.score": score.parse_flags,
+    parser = {"trip_jax.datatools": data_command.parse_flags, "trip_jax.score": score.parse_flags,
               "trip_jax.convert": convert.parse_flags}[argv[0]]
     with pytest.raises(SystemExit) as exit_info:
         parser(argv)

@@ -13,13 +13,13 @@ import threading
 
 import pytest
 
-from trip_jax.data import download
-from trip_jax.data import __main__ as data_command
+from trip_jax.datatools import download
+from trip_jax.datatools import __main__ as data_command
 
 
 def main(argv: list[str]) -> int:
-    """``python -m trip_jax.data ARGV``, in process: parse, then run."""
-    return data_command.main(data_command.parse_flags(["trip_jax.data", *argv]))
+    """``python -m trip_jax.datatools ARGV``, in process: parse, then run."""
+    return data_command.main(data_command.parse_flags(["trip_jax.datatools", *argv]))
 
 
 RELEASE_SAMPLE = "sample.www_2s.json"  # in the shared data directory

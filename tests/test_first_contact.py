@@ -358,7 +358,7 @@ def test_each_readme_command_fails_in_at_most_two_lines(damaged_workdir, data_di
         "busy workdir": ([*tiny, f"--workdir={busy}"], {}, 2, str(os.getpid())),
         "damaged checkpoint": ([*tiny, f"--workdir={damaged_workdir[0]}", "--mode=evaluate"],
                                {}, 1, "is damaged or unreadable"),
-        "data stats": ([sys.executable, "-m", "trip_jax.data", "stats",
+        "data stats": ([sys.executable, "-m", "trip_jax.datatools", "stats",
                         f"--data_dir={tmp_path / 'no_data'}"], {}, 1, str(tmp_path / "no_data")),
     }
     base = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)}

@@ -18,7 +18,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # "data"); "benchmarks" for every benchmark. The role groups follow the data's path: the config
 # schema and the process-wide runtime under the data (files -> pairs -> arrays, layouts, the
 # batch contract), the model on the data, training on the model, evaluation on training's
-# checkpoints and steps; the training loop and the commands at the top.
+# checkpoints and steps; the training loop and the commands (datatools: the data's side tools)
+# at the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("data.schema",),
     ("config",),
@@ -30,7 +31,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("evaluation",),
     ("train", "cross_validate"),
-    ("main", "score", "convert"),
+    ("main", "score", "convert", "datatools"),
     ("benchmarks",),
 )
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}

@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from trip_jax.data import readers, record_checks, stats
-from trip_jax.data import __main__ as data_command
+from trip_jax.data import readers, record_checks
+from trip_jax.datatools import stats
+from trip_jax.datatools import __main__ as data_command
 
 
 def main(argv: list[str]) -> int:
-    """``python -m trip_jax.data ARGV``, in process: parse, then run."""
-    return data_command.main(data_command.parse_flags(["trip_jax.data", *argv]))
+    """``python -m trip_jax.datatools ARGV``, in process: parse, then run."""
+    return data_command.main(data_command.parse_flags(["trip_jax.datatools", *argv]))
 
 
 def test_shared_plausible_story_is_counted_once(fx, tmp_path):

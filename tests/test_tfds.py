@@ -7,7 +7,8 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from trip_jax.data import readers, tfds_trip  # noqa: E402
+from trip_jax.data import readers  # noqa: E402
+from trip_jax.datatools import tfds_trip  # noqa: E402
 
 
 def assert_same_pairs(got, expected):

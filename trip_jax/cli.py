@@ -390,7 +390,7 @@ def command_parser(define: Callable[[flags.FlagValues], None]
     """The ``flags_parser`` of a command other than ``trip_jax.main`` (``run``): ``define``
     puts its flags into a fresh FlagValues at each parse, so commands imported together never
     clash; a mapping of names to ``define`` makes the first argument a command (as ``python -m
-    trip_jax.data stats``). ``--help`` prints ``doc`` and the flags, exit 0; any mistake (also a
+    trip_jax.datatools stats``). ``--help`` prints ``doc`` and the flags, exit 0; any mistake (also a
     UsageError of ``check(command)``) is ``flags_parser``'s one line, exit 2."""
 
     def parse(argv: Sequence[str]) -> Command:

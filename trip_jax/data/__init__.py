@@ -1,1 +1,1 @@
-"""TRIP data: readers, features, batching, TFDS builder and entity extraction."""
+"""TRIP data: schema, readers, features, batching, layouts, input pipeline, entity extraction."""

@@ -1,7 +1,7 @@
 """Entities of stories given as plain sentences, from spaCy noun chunks (paper, §2.2 note 5).
 
 ``find_entities`` gives a story's entities (humans flagged) for ``--mode=predict``;
-``evaluate`` measures it against annotated entity lists (``python -m trip_jax.data
+``evaluate`` measures it against annotated entity lists (``python -m trip_jax.datatools
 entities_eval``). The rules: docs/reference.md#task-and-data ("Side tools").
 """
 

@@ -26,7 +26,7 @@ DATA_DIR_ENV = "TRIP_DATA_DIR"
 RELEASE_URL = ("https://raw.githubusercontent.com/sled-group/Verifiable-Coherent-NLU/HEAD/"
                "all_data/www_2s_new.json")
 GET_DATA_HINT = (
-    "Get the authors' release with `python -m trip_jax.data download --dest=DIR` (or by hand: "
+    "Get the authors' release with `python -m trip_jax.datatools download --dest=DIR` (or by hand: "
     f"{RELEASE_URL}, the file all_data/www_2s_new.json of "
     "https://github.com/sled-group/Verifiable-Coherent-NLU) and put it in the data directory, "
     "or provide per-split files named {split}.cgli.jsonl / {split}.har.jsonl.")

@@ -1,6 +1,6 @@
 """A tensorflow-datasets builder named ``trip`` (array_record files, no TensorFlow needed).
 
-Built with ``python -m trip_jax.data tfds_build --manual_dir=DIR`` from TRIP files in any format
+Built with ``python -m trip_jax.datatools tfds_build --manual_dir=DIR`` from TRIP files in any format
 the readers know; read back with ``tfds.data_source`` and ``pairs_from_tfds``. One example is one
 story pair. Details: docs/reference.md#task-and-data ("Side tools").
 """
@@ -26,7 +26,7 @@ class Trip(tfds.core.GeneratorBasedBuilder):
     RELEASE_NOTES = {"1.0.0": "Story pairs from the CGLI, HAR or release formats."}
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Put the TRIP files in the manual directory: the authors' www_2s_new.json (all three "
-        "splits; `python -m trip_jax.data download --dest=DIR` fetches it) and/or per-split files "
+        "splits; `python -m trip_jax.datatools download --dest=DIR` fetches it) and/or per-split files "
         "train.cgli.jsonl, dev.cgli.jsonl, test.cgli.jsonl (or {split}.har.jsonl). Splits that "
         "have no file are not built.")
 
@@ -139,7 +139,7 @@ def load_split(split: str, tfds_dir: str | None = None):
     if not builder.is_prepared():
         raise readers.TripDataError(
             f"the trip dataset is not built in {builder.data_dir}; run "
-            "`python -m trip_jax.data tfds_build --manual_dir=DIR` first")
+            "`python -m trip_jax.datatools tfds_build --manual_dir=DIR` first")
     built = list(builder.info.splits)
     if split not in built:
         raise readers.TripDataError(

@@ -1,4 +1,4 @@
-"""Command line for the TRIP data: ``python -m trip_jax.data COMMAND [--flags]``.
+"""Command line for the TRIP data: ``python -m trip_jax.datatools COMMAND [--flags]``.
 
 Commands: ``stats`` (Table-1 statistics), ``download`` (the authors' release), ``tfds_build``
 (the tfds ``trip`` dataset), ``entities_eval`` (spaCy entities against the annotation).
@@ -18,7 +18,7 @@ from trip_jax.data import readers
 
 
 def _stats(args: flags.FlagValues) -> None:
-    from trip_jax.data import stats
+    from trip_jax.datatools import stats
 
     table, files = stats.data_dir_stats(readers.default_data_dir(args.data_dir))
     if args.json:
@@ -34,7 +34,7 @@ def _stats(args: flags.FlagValues) -> None:
 
 
 def _download(args: flags.FlagValues) -> None:
-    from trip_jax.data import download
+    from trip_jax.datatools import download
 
     result = download.download_release(args.dest, url=args.url, sha256=args.sha256,
                                        timeout=args.timeout)
@@ -45,7 +45,7 @@ def _download(args: flags.FlagValues) -> None:
 
 
 def _tfds_build(args: flags.FlagValues) -> None:
-    from trip_jax.data import tfds_trip
+    from trip_jax.datatools import tfds_trip
 
     builder = tfds_trip.build(args.manual_dir, args.tfds_dir)
     for name, split in builder.info.splits.items():
@@ -54,7 +54,8 @@ def _tfds_build(args: flags.FlagValues) -> None:
 
 
 def _entities_eval(args: flags.FlagValues) -> None:
-    from trip_jax.data import entities, stats
+    from trip_jax.data import entities
+    from trip_jax.datatools import stats
 
     pairs = readers.load_split(readers.default_data_dir(args.data_dir), args.split)
     scores = entities.evaluate(stats.unique_stories(pairs), entities.load_spacy(args.spacy_model))
@@ -79,7 +80,7 @@ def _stats_flags(values: flags.FlagValues) -> None:
 
 def _download_flags(values: flags.FlagValues) -> None:
     """download: fetch the authors' release www_2s_new.json."""
-    from trip_jax.data.download import DEFAULT_URL
+    from trip_jax.datatools.download import DEFAULT_URL
 
     flags.DEFINE_string("dest", None, "directory to write www_2s_new.json into",
                         flag_values=values)
@@ -125,7 +126,7 @@ parse_flags = cli.command_parser({name: define for name, (define, _) in COMMANDS
 def main(command: cli.Command) -> int:
     """Runs one parsed command (``parse_flags``); data errors print a one-line message and
     return 1."""
-    from trip_jax.data.download import DownloadError
+    from trip_jax.datatools.download import DownloadError
     from trip_jax.data.entities import SpacyModelError
 
     cli.terminal_setup()
