@@ -9,10 +9,9 @@ import ml_collections
 import pytest
 from absl import flags
 
-from trip_jax import cli, convert, main, score
+from trip_jax import cli, convert, main, run_summary, score
 from trip_jax.config import sections
 from trip_jax.datatools import __main__ as data_command
-from trip_jax.evaluation import run_summary
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASE = ["trip_jax.main", "--config=configs/tiny.py", "--workdir=/nonexistent/run"]
@@ -166,7 +165,7 @@ ENTRY_POINTS = {
     "main": (lambda argv: parse(argv)[0], BASE),
     "score": (score.parse_flags, ["trip_jax.score", "--predictions=README.md", "--out=/x/out"]),
     "data": (data_command.parse_flags, ["trip_jax.datatools", "download", "--dest=/x/data"]),
-    "run_summary": (run_summary.parse_flags, ["trip_jax.evaluation.run_summary", str(REPO)]),
+    "run_summary": (run_summary.parse_flags, ["trip_jax.run_summary", str(REPO)]),
     "convert": (convert.parse_flags, ["trip_jax.convert", "--authors_model=README.md",
                                       "--workdir=/x/w"]),
 }
@@ -219,12 +218,12 @@ def test_every_entry_point_refuses_a_mistake_in_one_line_with_status_2(entry, mi
                         "entities_eval (see --help)"),
     (["trip_jax.datatools", "stast"], "error: unknown command 'stast'; did you mean 'stats'?"),
     (["trip_jax.datatools", "stats", "stray"], "error: unexpected arguments: stray"),
-    (["trip_jax.evaluation.run_summary", "--out=/x"], "error: missing RUN_DIR (one or more)"),
+    (["trip_jax.run_summary", "--out=/x"], "error: missing RUN_DIR (one or more)"),
     (["trip_jax.score", "--out=/x"], "error: --predictions is required"),
 ])
 def test_commands_and_arguments_are_checked_as_flags_are(argv, expected, capsys):
     parser = {"trip_jax.datatools": data_command.parse_flags, "trip_jax.score": score.parse_flags,
-              "trip_jax.evaluation.run_summary": run_summary.parse_flags}[argv[0]]
+              "trip_jax.run_summary": run_summary.parse_flags}[argv[0]]
     with pytest.raises(SystemExit) as exit_info:
         parser(argv)
     assert exit_info.value.code == cli.USAGE_EXIT_CODE

@@ -10,9 +10,9 @@ import pytest
 
 from configs import base, minilm, roberta, tiny
 from trip_jax.config.sections import TrainConfig
-from trip_jax import train
+from trip_jax import run_summary, train
 from trip_jax.data import schema
-from trip_jax.evaluation import evaluate, metrics, predict, run_summary
+from trip_jax.evaluation import evaluate, metrics, predict
 from trip_jax.training import checkpoints, selection
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")

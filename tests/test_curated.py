@@ -9,7 +9,8 @@ import pathlib
 import pytest
 
 from trip_jax.data import curated
-from trip_jax.evaluation import reports, run_summary
+from trip_jax import run_summary
+from trip_jax.evaluation import reports
 from trip_jax.data import readers
 from trip_jax.data.readers import TripDataError
 

@@ -29,9 +29,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("interop",),
     ("training",),
-    ("evaluation",),
+    ("evaluation", "scoring"),
     ("train", "cross_validate"),
-    ("main", "score", "convert", "datatools"),
+    ("main", "score", "convert", "run_summary", "datatools"),
     ("benchmarks",),
 )
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}

@@ -1,4 +1,4 @@
-"""Tests of scoring another system's predictions (trip_jax/score.py, prediction_formats.py):
+"""Tests of scoring another system's predictions (trip_jax/score.py, scoring/prediction_formats.py):
 the three formats on hand-made pairs, their agreement, every kind of bad input, the authors'
 three-pair sample, and a committed run's predictions file reproducing the run's figures."""
 
@@ -18,8 +18,8 @@ import pytest
 from trip_jax import score
 from trip_jax.data import schema
 from trip_jax.evaluation import metrics
-from trip_jax.evaluation import prediction_formats as formats
-from trip_jax.evaluation import prediction_matching as matching
+from trip_jax.scoring import prediction_formats as formats
+from trip_jax.scoring import prediction_matching as matching
 from trip_jax.data import readers, record_checks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

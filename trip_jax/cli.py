@@ -1,8 +1,8 @@
 """Command-line parsing for every entry point (absl flags): every mistake is one line, exit 2.
 
-``flags_parser(...)`` (``trip_jax.main``) and ``command_parser(...)`` (score, data, run_summary,
-convert: their flags in a fresh FlagValues) turn absl's and ml_collections' failures into one
-``error: ...`` line naming the flag, file or key; ``terminal_setup()`` keeps warnings to one line.
+``flags_parser(...)`` (``trip_jax.main``) and ``command_parser(...)`` (the other commands: their
+flags in a fresh FlagValues) turn absl's and ml_collections' failures into one ``error: ...``
+line naming the flag, file or key; ``terminal_setup()`` keeps warnings to one line.
 """
 
 from __future__ import annotations

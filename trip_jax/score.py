@@ -24,12 +24,12 @@ from trip_jax import cli
 from trip_jax.data import curated, schema
 from trip_jax.evaluation import explain, explorer, metrics, random_baseline, reports
 from trip_jax.runtime import paths
-from trip_jax.evaluation import prediction_formats as formats
-from trip_jax.evaluation import prediction_matching as matching
+from trip_jax.scoring import prediction_formats as formats
+from trip_jax.scoring import prediction_matching as matching
 from trip_jax.data import readers
 from trip_jax.data.record_checks import TripDataWarning
 from trip_jax.data.types import StoryPair
-from trip_jax.evaluation.prediction_formats import Problem
+from trip_jax.scoring.prediction_formats import Problem
 
 SCHEMES: tuple[str, ...] = ("paper",)
 MISSING: tuple[str, ...] = ("error", "wrong")

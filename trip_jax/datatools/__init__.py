@@ -1,1 +1,1 @@
-"""Side tools for the TRIP data: download, Table-1 statistics, the TFDS builder, spaCy entity scores."""
+"""The TRIP data's side tools: download, Table-1 statistics, the TFDS builder, entities_eval."""

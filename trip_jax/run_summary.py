@@ -1,6 +1,6 @@
 """The spread of a recipe over runs: mean and min-max of the test scores of several workdirs.
 
-``python -m trip_jax.evaluation.run_summary RUN_DIR ... [--out=DIR]`` reads each run's
+``python -m trip_jax.run_summary RUN_DIR ... [--out=DIR]`` reads each run's
 ``reports/test.json`` and ``metrics.jsonl`` only and writes ``DIR/summary.{md,json}``.
 Details: docs/reference.md#metrics ("Curated and implicit pairs").
 """

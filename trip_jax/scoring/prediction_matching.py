@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax.evaluation import prediction_formats as formats
+from trip_jax.scoring import prediction_formats as formats
 from trip_jax.data import schema
 from trip_jax.data.types import StoryPair
-from trip_jax.evaluation.prediction_formats import PairPrediction, Problem
+from trip_jax.scoring.prediction_formats import PairPrediction, Problem
 
 
 def canonical_id(pair_id: str) -> str:
