@@ -22,7 +22,7 @@ import transformers  # noqa: E402
 from benchmarks import cases, flops, harness  # noqa: E402
 from trip_jax.data import input_pipeline  # noqa: E402
 from trip_jax.data.batching import BatchPlan  # noqa: E402
-from trip_jax.models import torch_reference as ref  # noqa: E402
+from trip_jax.interop import torch_reference as ref  # noqa: E402
 from trip_jax.models.tiered import TieredConfig  # noqa: E402
 
 # The reference's encoder input: rows cut at 16 tokens, token types zero.

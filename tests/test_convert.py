@@ -31,7 +31,7 @@ from trip_jax.data import batching, features, input_pipeline, layouts, schema
 from trip_jax.data.tokenizers import load_tokenizer, save_tokenizer, tokenizer_info
 from trip_jax.evaluation import metrics
 from trip_jax.interop import torch_pickle
-from trip_jax.models import torch_reference as ref
+from trip_jax.interop import torch_reference as ref
 from trip_jax.training import checkpoints
 
 S, CUT, PROJ, LAYERS, HEADS = 7, 16, 16, 2, 4

@@ -3,7 +3,7 @@
 A tiny BERT (random weights, a word-level tokenizer built here, every dropout 0) and two small
 pairs: the batch holds the first pair (stories of 2 and 3 entities, 4 and 3 sentences, S = 7);
 the second has 4 entities, so padding to the data's largest entity count adds entity cells.
-The PyTorch side is ``trip_jax/models/torch_reference.py``, written from the reference
+The PyTorch side is ``trip_jax/interop/torch_reference.py``, written from the reference
 semantics.
 """
 
@@ -21,7 +21,7 @@ import pytest
 import torch
 import transformers
 
-from trip_jax.models import torch_reference as ref
+from trip_jax.interop import torch_reference as ref
 from configs import base, bert, deberta, minilm, roberta, tiny
 from trip_jax.data import batching, features, layouts, schema
 from trip_jax.data.tokenizers import load_tokenizer

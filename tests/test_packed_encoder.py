@@ -20,7 +20,7 @@ from trip_jax.models import weights  # noqa: E402
 from trip_jax.models.bert import position_ids  # noqa: E402
 from trip_jax.models.deberta import relative_layout  # noqa: E402
 from trip_jax.models.encoders import build_encoder  # noqa: E402
-from trip_jax.models.packing import segment_attention_mask, segment_positions  # noqa: E402
+from trip_jax.models.segments import segment_attention_mask, segment_positions  # noqa: E402
 
 TOL = 1e-5
 FAST_COMPILE = {"xla_backend_optimization_level": 0}

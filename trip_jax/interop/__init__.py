@@ -1,1 +1,1 @@
-"""What crosses the project's edge: the TRIP authors' saved models (``convert``)."""
+"""Across the project's edge: the TRIP authors' saved models (``convert``), the PyTorch oracle."""

@@ -15,7 +15,7 @@ from flax import linen as nn
 
 from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
-from trip_jax.models.packing import segment_attention_mask, segment_positions
+from trip_jax.models.segments import segment_attention_mask, segment_positions
 
 # Families whose position ids start at pad_token_id + 1 and skip padding tokens.
 _PADDING_OFFSET_POSITIONS = ("roberta",)
@@ -54,7 +54,7 @@ def attention_bias(attention_mask: jax.Array, mask_bias: float | None = None,
     uniformly); -10000.0 is transformers 4.11's (docs/exact-mode.md, difference 1a).
 
     With ``segment_ids`` the bias is [N, 1, T, T]: a query sees only the keys of its own
-    non-zero segment (``packing.segment_attention_mask``), those with ``attention_mask`` 0
+    non-zero segment (``segments.segment_attention_mask``), those with ``attention_mask`` 0
     masked with ``mask_bias`` (default ``ROW_MASK_BIAS``), as the row alone would be; every
     other key, and every key of a padding token's query, gets the float32 minimum.
     """

@@ -16,7 +16,7 @@ from flax import linen as nn
 
 from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
-from trip_jax.models.packing import segment_attention_mask, segment_positions
+from trip_jax.models.segments import segment_attention_mask, segment_positions
 
 
 def _is_v2(config) -> bool:
