@@ -29,6 +29,7 @@ def get_config(argument: str | None = None):
     config.model.encoder = model_dir()
     config.train.eval_batch_size = 16
     config.train.prng_impl = "rbg"  # faster dropout masks on CPU (other masks, same model)
+    config.model.unroll_encoder = True  # faster CPU steps at 6 layers (benchmarks/README.md)
     if config.preset == "coherent":
         # The encoder as well as the heads learn fast enough in 4 epochs.
         config.train.learning_rate = 1e-4

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from benchmarks import (cases, compile_seconds, flops, harness, report, run, step_profile,
-                        train_speed)
+                        train_speed, unroll_encoder)
 from trip_jax.models.tiered import TieredConfig
 
 TORCH_FIELDS = {"first_run_s", "step_s", "step_s_all", "pairs_per_s", "real_rows_per_s",
@@ -219,6 +219,16 @@ def test_step_equations_do_not_grow_with_depth():
     for key in ("train_step", "eval_step", "parameter_arrays"):
         assert two[key] == four[key], key
     assert two["train_step"] > 1000 and two["dtype"] == "bfloat16"
+
+
+def test_unroll_encoder_times_both_variants(tmp_path):
+    # Both train steps built, compiled and timed alternately in one process; no timing asserted.
+    out = tmp_path / "unroll.json"
+    result = unroll_encoder.main(["--model", "tiny", "--rounds", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    for name in unroll_encoder.VARIANTS:
+        assert len(result[name]["step_s_all"]) == 2 and result[name]["compile_s"] > 0
+    assert result["rolled_over_unrolled"] == result["rolled"]["step_s"] / result["unrolled"]["step_s"]
 
 
 def test_compile_seconds_before_and_after(tmp_path, repo):

@@ -141,7 +141,7 @@ def test_old_configs_read_as_the_run_was_configured():
     migrated = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
     expected = migrate.flatten(json.loads(minilm.get_config().to_json()))
     expected.update({"data.protocol": "auto", "decoding.conflict_state_threshold": 0.9,
-                     "decoding.min_flip_probability": 0.0})
+                     "decoding.min_flip_probability": 0.0, "model.unroll_encoder": False})
     local = ("train.compilation_cache_dir", "model.encoder")
     assert {k: v for k, v in migrated.items() if k not in local} == {
         k: v for k, v in expected.items() if k not in local}

@@ -1,5 +1,6 @@
 """Layers under nn.scan (trip_jax/models/layer_stack.py): the stacked encoder equals its layers
-applied one by one, each layer draws its own initialisation and dropout, remat changes nothing."""
+applied one by one, each layer draws its own initialisation and dropout, remat and unroll
+change nothing."""
 
 from __future__ import annotations
 
@@ -58,3 +59,23 @@ def test_remat_inside_the_scan_keeps_values_and_gradients():
     np.testing.assert_allclose(remat, plain, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(remat_grads), jax.tree.leaves(grads)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)  # gradients up to ~50
+
+
+def test_unrolled_scan_keeps_parameters_dropout_values_and_gradients():
+    params = init()
+    unrolled_params = BertEncoder(CONFIG, unroll=True).init(jax.random.key(0), IDS, MASK)["params"]
+    for a, b in zip(jax.tree.leaves(unrolled_params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    weights = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 16)), jnp.float32)
+
+    def loss(p, unroll):
+        out = BertEncoder(CONFIG, unroll=unroll).apply({"params": p}, IDS, MASK,
+                                                       deterministic=False,
+                                                       rngs={"dropout": jax.random.key(3)})
+        return jnp.sum(out * weights)
+
+    rolled, grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, False)
+    unrolled, unrolled_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, True)
+    np.testing.assert_allclose(unrolled, rolled, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(unrolled_grads), jax.tree.leaves(grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)

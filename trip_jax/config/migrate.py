@@ -56,6 +56,8 @@ STEPS: dict[int, Step] = {
     4: Step(added={"cv.sweep": ""}),
     # Issue 42: matmul precision became a key; runs before it computed at JAX's default.
     5: Step(added={"model.matmul_precision": "default"}),
+    # Issue 42: the encoder's scan unrolled or not (the same values; rolled before).
+    6: Step(added={"model.unroll_encoder": False}),
 }
 
 

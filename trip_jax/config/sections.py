@@ -15,7 +15,7 @@ from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_I
                                     Section, above, at_least, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
-CONFIG_VERSION = 6
+CONFIG_VERSION = 7
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
@@ -171,6 +171,9 @@ class ModelConfig(Section):
     tokenizer: str = option("", "'': the encoder's own; or e.g. 'word_level:bert'")
     dtype: DType = option("float32", "encoder compute dtype (bfloat16 on TPU/GPU)")
     remat: bool = option(False, "rematerialise encoder layers (memory for compute)")
+    unroll_encoder: bool = option(
+        False, "unroll the encoder layers' scan: the same values, faster steps on CPU for a "
+        "shallow encoder, compile time growing with depth (benchmarks/README.md#unrolled-encoder)")
     matmul_precision: MatmulPrecision = option(
         "default", "precision of every matmul of the model, forward and backward: 'default' "
         "the device's fastest (TF32 on NVIDIA GPUs, bfloat16 passes on TPU), 'highest' full "

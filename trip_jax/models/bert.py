@@ -203,11 +203,12 @@ class BertTransformer(nn.Module):
     config: Any
     dtype: Any = jnp.float32
     remat: bool = False
+    unroll: bool = False
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
         layers = layer_stack.scanned(BertLayer, length=self.config.num_hidden_layers,
-                                     remat=self.remat)
+                                     remat=self.remat, unroll=self.unroll)
         x, _ = layers(self.config, self.dtype, deterministic, name="layer")(x, bias)
         return x
 
@@ -216,7 +217,8 @@ class BertEncoder(nn.Module):
     """BERT / RoBERTa encoder returning the last hidden states [N, T, H] in the compute dtype.
 
     ``config`` is a transformers BertConfig or RobertaConfig; ``dtype`` the compute dtype
-    (parameters are float32); ``remat`` rematerialises each layer in the backward pass.
+    (parameters are float32); ``remat`` rematerialises each layer in the backward pass;
+    ``unroll`` unrolls the layers' scan (``layer_stack.scanned``).
     Dropout is active when ``deterministic=False`` and needs a "dropout" rng. ``mask_bias``
     replaces the additive bias of masked keys (``attention_bias``).
 
@@ -231,6 +233,7 @@ class BertEncoder(nn.Module):
     config: Any
     dtype: Any = jnp.float32
     remat: bool = False
+    unroll: bool = False
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
@@ -242,5 +245,5 @@ class BertEncoder(nn.Module):
             input_ids, token_type_ids, deterministic, segment_ids)
         # Built once per call and shared by every layer.
         bias = attention_bias(attention_mask, mask_bias, segment_ids)
-        return BertTransformer(self.config, self.dtype, self.remat, name="encoder")(
+        return BertTransformer(self.config, self.dtype, self.remat, self.unroll, name="encoder")(
             x, bias, deterministic)

@@ -55,6 +55,7 @@ def build_model(config, hf_config) -> TieredModel:
     model = config.model
     return build_tiered_model(hf_config, model.tiered, max_sentences=config.data.max_sentences,
                               dtype=DTYPES[model.dtype], remat=model.remat,
+                              unroll=model.unroll_encoder,
                               matmul_precision=model.matmul_precision)
 
 

@@ -339,6 +339,7 @@ class DebertaLayerStack(nn.Module):
     config: Any
     dtype: Any = jnp.float32
     remat: bool = False
+    unroll: bool = False
 
     @nn.compact
     def __call__(self, hidden, mask, deterministic: bool, segment_ids=None):
@@ -369,7 +370,7 @@ class DebertaLayerStack(nn.Module):
                 conv(hidden, hidden, mask, True)
             first = (conv.variables["params"], hidden, mask)
         layers = layer_stack.scanned(
-            DebertaLayer, length=cfg.num_hidden_layers, remat=self.remat,
+            DebertaLayer, length=cfg.num_hidden_layers, remat=self.remat, unroll=self.unroll,
             in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast))
         hidden, _ = layers(cfg, self.dtype, deterministic, name="layer")(
             hidden, pair_mask, rel, jnp.arange(cfg.num_hidden_layers), first)
@@ -380,7 +381,8 @@ class DebertaEncoder(nn.Module):
     """DeBERTa / DeBERTa-v2 base model without pooler: ids -> last hidden state.
 
     ``config`` is the Hugging Face DebertaConfig / DebertaV2Config; ``dtype`` is the compute
-    dtype (parameters stay float32); ``remat`` rematerialises each layer in the backward pass.
+    dtype (parameters stay float32); ``remat`` rematerialises each layer in the backward pass;
+    ``unroll`` unrolls the layers' scan (``layer_stack.scanned``).
 
     ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
     padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
@@ -394,6 +396,7 @@ class DebertaEncoder(nn.Module):
     config: Any
     dtype: Any = jnp.float32
     remat: bool = False
+    unroll: bool = False
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None,
@@ -422,5 +425,5 @@ class DebertaEncoder(nn.Module):
         mask = attention_mask.astype(bool)
         hidden = DebertaEmbeddings(self.config, self.dtype, name="embeddings")(
             input_ids, token_type_ids, mask, deterministic, segment_ids)
-        return DebertaLayerStack(self.config, self.dtype, self.remat, name="encoder")(
+        return DebertaLayerStack(self.config, self.dtype, self.remat, self.unroll, name="encoder")(
             hidden, mask, deterministic, segment_ids)

@@ -278,14 +278,14 @@ def real_state_logits(pre_logits: jax.Array, eff_logits: jax.Array,
 
 
 def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *, max_sentences: int,
-                       dtype=jnp.float32, remat: bool = False,
+                       dtype=jnp.float32, remat: bool = False, unroll: bool = False,
                        matmul_precision: str = "default") -> TieredModel:
     """Builds a TieredModel of S = ``max_sentences`` whose encoder comes from
     ``build_encoder(hf_config)``.
 
-    ``dtype``/``remat`` go to the encoder; the heads and detector compute in float32; every
+    ``dtype``/``remat``/``unroll`` go to the encoder; the heads and detector compute in float32; every
     matmul at ``matmul_precision`` (``jax.default_matmul_precision``'s name).
     """
-    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat),
+    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat, unroll=unroll),
                        max_sentences=max_sentences, config=config,
                        matmul_precision=matmul_precision)
