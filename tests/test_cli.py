@@ -71,8 +71,8 @@ def test_bad_flag_is_one_line_with_the_closest_valid_spelling(flag, expected, ca
     ("--config.model.tiered.head_dropout=1", "head_dropout: 1.0 (allowed: in [0, 1))"),
     ("--config.train.learning_rate=nan", "learning_rate: nan (allowed: > 0)"),
     ("--config.mesh.data=0", "--config.mesh.data: 0 (allowed: -1 (every device"),
-    ("--config.train.init_from_checkpoint=bset", "(allowed: latest, selected, best_accuracy, "
-                                                 "best_verifiability or a step number)"),
+    ("--config.train.init_from_checkpoint=bset", "(allowed: latest, selected, best_accuracy "
+                                                 "or a step number)"),
     ("--config.train.init_skip=(", "--config.train.init_skip: '(' (allowed: a Python regular"),
     # Rules between keys.
     ("--config.model.tiered.detector_heads=3",

@@ -56,7 +56,7 @@ def test_each_choice_is_what_the_module_using_it_implements(key, implemented):
 
 
 def test_schema_names_shared_with_other_modules_agree():
-    assert sections.CHECKPOINT_KINDS == checkpoints.NAMES
+    assert sections.CHECKPOINT_KINDS == checkpoints.KINDS
     # features.Buckets has no defaults of its own: the schema is the one place.
     assert ([f.name for f in dataclasses.fields(sections.BucketsConfig)]
             == [f.name for f in dataclasses.fields(features.Buckets)])

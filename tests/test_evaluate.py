@@ -190,37 +190,25 @@ def test_mismatched_config_and_corrupt_checkpoint_are_clear_errors(workdir, tmp_
     assert not (broken / "eval").exists()
 
 
-def test_a_workdir_from_before_the_rename_still_evaluates(evaluated, workdir, tmp_path,
-                                                          tiny_config, caplog):
-    """checkpoints/best_verifiability/ (the selected checkpoint's folder before it was renamed
-    selected/) is read where selected/ is absent, under either name, and a resumed run keeps
-    saving there."""
-    evaluated, _ = evaluated
+def test_a_workdir_from_before_the_rename_is_refused_naming_the_rename(workdir, tmp_path,
+                                                                      tiny_config):
+    """checkpoints/best_verifiability/ (the selected checkpoint's folder before issue 25) is not
+    read: evaluation, --checkpoint=selected and a resumed run stop in one line naming the
+    rename that reads it; nothing is written."""
     old = tmp_path / "old"
     shutil.copytree(workdir / "checkpoints", old / "checkpoints")
     shutil.copytree(workdir / "tokenizer", old / "tokenizer")
     (old / "checkpoints" / "selected").rename(old / "checkpoints" / "best_verifiability")
-    new_params = checkpoints.restore_for_eval(str(workdir)).params
-    for which in ("selected", "best_verifiability"):
-        restored = checkpoints.restore_for_eval(str(old), which)
-        assert (restored.kind, restored.step) == ("selected", 4)
-        for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(new_params)):
-            np.testing.assert_array_equal(a, b)
-    with caplog.at_level("INFO", logger="absl"):  # whatever verbosity an earlier test left
-        result = evaluate.evaluate_checkpoint(tiny_config(), str(old))
-    assert sum("best_verifiability" in r.getMessage() and "renamed selected/" in r.getMessage()
-               for r in caplog.records) == 1
-    assert result["paths"]["json"].name == f"test.{BEST}.json"
-    scored = json.loads(result["paths"]["json"].read_text())["metrics"]
-    expected = json.loads((evaluated / f"test.{BEST}.json").read_text())["metrics"]
-    assert {k: scored[k] for k in metrics.SCALAR_METRICS} == {
-        k: expected[k] for k in metrics.SCALAR_METRICS}
-    ckpts = checkpoints.RunCheckpoints(str(old), keep=2, async_save=False)
-    try:
-        assert ckpts.managers[checkpoints.SELECTED].directory.name == "best_verifiability"
-    finally:
-        ckpts.close()
-    assert not (old / "checkpoints" / "selected").exists()
+    message = "best_verifiability is the selected checkpoint of a workdir older than"
+    with pytest.raises(checkpoints.CheckpointError, match=message):
+        checkpoints.restore_for_eval(str(old))
+    with pytest.raises(checkpoints.CheckpointError, match=message):
+        evaluate.evaluate_checkpoint(tiny_config(), str(old))
+    with pytest.raises(checkpoints.CheckpointError, match=message):
+        checkpoints.RunCheckpoints(str(old), keep=2, async_save=False)
+    assert not (old / "checkpoints" / "selected").exists() and not (old / "eval").exists()
+    with pytest.raises(checkpoints.CheckpointError, match="unknown checkpoint 'best_verif"):
+        checkpoints.resolve_name("best_verifiability")
 
 
 def test_random_baseline_report(tmp_path, tiny_config):

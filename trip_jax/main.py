@@ -86,8 +86,8 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
         "config", None, "A config file (configs/*.py[:loss_preset]).", flag_values=values,
         lock_config=True, sys_argv=sys_argv)
     flags.DEFINE_string("checkpoint", checkpoints.SELECTED,
-                        "evaluate/predict: the checkpoint to use: selected (old name: "
-                        "best_verifiability), best_accuracy, latest or a step number.",
+                        "evaluate/predict: the checkpoint to use: selected, best_accuracy, "
+                        "latest or a step number.",
                         flag_values=values)
     flags.DEFINE_string("split", "test", "evaluate/random_baseline: the split to score: test, "
                         "the protocol's selection split (dev or dev_holdout) or train.",
@@ -112,9 +112,9 @@ SPLIT_NAMES = (*readers.SPLITS, "dev_holdout", "dev_fold")
 def check_flags(values: flags.FlagValues) -> None:
     """Checks the flags that depend on each other or have a fixed set of values."""
     which = values.checkpoint
-    if which not in checkpoints.NAMES and not which.isdigit():
+    if which not in checkpoints.KINDS and not which.isdigit():
         raise cli.UsageError("--checkpoint: " + unknown_choice(
-            "checkpoint", which, [*checkpoints.NAMES, "STEP"]))
+            "checkpoint", which, [*checkpoints.KINDS, "STEP"]))
     if values.split not in SPLIT_NAMES:
         raise cli.UsageError("--split: " + unknown_choice("split", values.split, SPLIT_NAMES))
     if values.mode == "predict" and not values.input:

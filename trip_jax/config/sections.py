@@ -36,9 +36,8 @@ Selection = Literal["verifiability", "smoothed"]
 PrngImpl = Literal["threefry2x32", "rbg", "unsafe_rbg"]
 DecodingMethod = Literal["reference", "coherent"]
 
-# The checkpoint names of a workdir (trip_jax/training/checkpoints.py NAMES: best_verifiability is the
-# old name of selected) or a step number.
-CHECKPOINT_KINDS = ("latest", "selected", "best_accuracy", "best_verifiability")
+# The checkpoint names of a workdir (trip_jax/training/checkpoints.py KINDS) or a step number.
+CHECKPOINT_KINDS = ("latest", "selected", "best_accuracy")
 CHECKPOINT = Rule(lambda v: isinstance(v, str) and (v in CHECKPOINT_KINDS or v.isdigit()),
                   f"{', '.join(CHECKPOINT_KINDS)} or a step number")
 

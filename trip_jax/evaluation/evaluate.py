@@ -376,7 +376,7 @@ def evaluate_checkpoint(config: Config | Any, workdir: str | os.PathLike,
       config: the run's config (or one with the same model): data location, protocol, batching;
         typed, or a ConfigDict it is built from (``trip_jax.config.typed``).
       workdir: the training run's directory.
-      which: a name of ``checkpoints.NAMES`` ("selected", "best_accuracy", "latest", ...) or
+      which: a name of ``checkpoints.KINDS`` ("selected", "best_accuracy", "latest", ...) or
         a step number.
       split: "test", the protocol's selection split ("dev" / "dev_holdout") or "train".
       progress: show a progress bar over the eval batches.

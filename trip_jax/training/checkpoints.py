@@ -1,8 +1,8 @@
 """Orbax checkpoints of a training run, and restoring a trained model with no training code.
 
 A workdir holds ``checkpoints/{latest,selected,best_accuracy}/STEP`` beside its config and
-tokenizer; restoring verifies the checksums first, and older workdirs (``best_verifiability/``,
-per-layer parameters) are still read. Details: docs/reference.md#training.
+tokenizer; restoring verifies the checksums first, and per-layer parameters of older workdirs
+are stacked. Details: docs/reference.md#training.
 """
 
 from __future__ import annotations
@@ -39,10 +39,8 @@ RANKING: dict[str, tuple[str, ...]] = {
     BEST_ACCURACY: ("accuracy", "consistency", "verifiability"),
 }
 KINDS: tuple[str, ...] = (LATEST, SELECTED, BEST_ACCURACY)
-# The selected checkpoint's folder and name before issue 25; still read and accepted.
+# The selected checkpoint's folder before issue 25: refused, with the rename that reads it.
 OLD_SELECTED = "best_verifiability"
-# Every name a checkpoint may be given by (--checkpoint, train.init_from_checkpoint).
-NAMES: tuple[str, ...] = (*KINDS, OLD_SELECTED)
 _ITEMS = {LATEST: ("params", "opt_state", "meta"),
           SELECTED: ("params", "meta"), BEST_ACCURACY: ("params", "meta")}
 CONFIG_FILE = "config.json"
@@ -120,31 +118,23 @@ def load_tokenizer(workdir: str):
 
 
 def resolve_name(which: str | int) -> str | int:
-    """The kind (``KINDS``) or step a checkpoint name means: ``OLD_SELECTED`` -> ``SELECTED``,
-    a kind -> itself, a step number (int or digits) -> int; CheckpointError otherwise."""
-    if which == OLD_SELECTED:
-        return SELECTED
+    """The kind (``KINDS``) or step a checkpoint name means: a kind -> itself, a step number
+    (int or digits) -> int; CheckpointError otherwise."""
     if which in KINDS:
         return which
     if isinstance(which, int) or (isinstance(which, str) and which.isdigit()):
         return int(which)
-    raise CheckpointError(f"unknown checkpoint {which!r}; expected one of {NAMES} or a step")
+    raise CheckpointError(f"unknown checkpoint {which!r}; expected one of {KINDS} or a step")
 
 
 def kind_directory(workdir: str, kind: str) -> epath.Path:
-    """``WORKDIR/checkpoints/KIND``; for ``SELECTED``, the old folder ``OLD_SELECTED`` where
-    only that one exists (a workdir written before the rename)."""
+    """``WORKDIR/checkpoints/KIND``; CheckpointError where the selected checkpoint is only in
+    its folder's name before issue 25 (``OLD_SELECTED``), naming the rename that reads it."""
     root = epath.Path(workdir) / "checkpoints"
     if kind == SELECTED and not (root / kind).is_dir() and (root / OLD_SELECTED).is_dir():
-        return root / OLD_SELECTED
+        raise CheckpointError(f"{root / OLD_SELECTED} is the selected checkpoint of a workdir "
+                              f"older than this trip_jax reads; rename it {root / SELECTED}")
     return root / kind
-
-
-def _log_if_old(directory: epath.Path) -> None:
-    """One log line when ``directory`` is the selected checkpoint's pre-rename folder."""
-    if directory.name == OLD_SELECTED:
-        logging.info("reading the selected checkpoint from %s (the folder's name before it was "
-                     "renamed %s/)", directory, SELECTED)
 
 
 def _manager(workdir: str, kind: str, *, keep: int | None = 1, async_save: bool = False,
@@ -285,7 +275,7 @@ class RunCheckpoints:
     def __init__(self, workdir: str, *, keep: int, async_save: bool):
         for kind in KINDS:
             _remove_unfinished(kind_directory(workdir, kind))
-        _log_if_old(kind_directory(workdir, SELECTED))
+        kind_directory(workdir, SELECTED)  # an old workdir's folder is refused, not resumed
         # At least MIN_KEEP latest steps: a damaged newest one leaves an intact one to resume.
         self.managers = {LATEST: _manager(workdir, LATEST, keep=max(keep, MIN_KEEP),
                                           async_save=async_save)}
@@ -449,7 +439,6 @@ def _find_step(workdir: str, which: str | int) -> tuple[str, int]:
         manager.close()
         found[kind] = steps
         if (wanted is None and steps) or wanted in steps:
-            _log_if_old(directory)
             return kind, max(steps) if wanted is None else wanted
     listing = "; ".join(f"{k}: {sorted(s) or 'none'}" for k, s in found.items()) or "none"
     raise CheckpointError(f"no checkpoint {which!r} in {epath.Path(workdir) / 'checkpoints'} "
@@ -553,7 +542,7 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                      config: Config | None = None) -> EvalModel:
     """Rebuilds a trained model from ``workdir`` alone, ready to evaluate or predict.
 
-    ``which``: "selected" (default; "best_verifiability" is its old name), "best_accuracy",
+    ``which``: "selected" (default), "best_accuracy",
     "latest" or a step number.
     Parameters are restored with the shardings of ``mesh`` (default: every current device, with
     the training run's fsdp size where it divides the device count), so a device count other
