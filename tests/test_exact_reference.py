@@ -29,8 +29,8 @@ from trip_jax.data.types import Story, StoryPair
 from trip_jax.training.losses import LossConfig, tiered_loss
 from trip_jax.models.bert import BertEncoder
 from trip_jax.models.deberta import DebertaEncoder
-from trip_jax.models.exact_mode import LEGACY_MASK_BIAS
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
+from trip_jax.reference.padding_row import LEGACY_MASK_BIAS
 from trip_jax.training.optimizers import make_optimizer
 
 S = 7
@@ -185,11 +185,9 @@ def test_deberta_encodes_its_masked_padding_row_with_the_batch(packed):
     without, _, none = clean.apply({"params": params}, packed, method="row_embeddings")
     assert none is None
     np.testing.assert_allclose(rows, without, rtol=0, atol=1e-6)
-    # transformers 4.11's -10000 mask is BERT's and RoBERTa's only.
-    legacy = build_tiered_model(deberta_config, EXACT, max_sentences=S,
-                                matmul_precision=PRECISION)
+    # transformers 4.11's -10000 mask is BERT's and RoBERTa's only: refused as the model is built.
     with pytest.raises(ValueError, match="use 'masked' for DebertaEncoder"):
-        legacy.apply({"params": params}, packed, method="row_embeddings")
+        build_tiered_model(deberta_config, EXACT, max_sentences=S, matmul_precision=PRECISION)
 
 
 def test_padding_cells_get_the_padding_row_vector(model, params, packed):

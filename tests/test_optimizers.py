@@ -1,4 +1,5 @@
-"""Tests of trip_jax.training.optimizers: transformers.AdamW's update and torch's clipping, by hand."""
+"""Tests of trip_jax.training.optimizers and trip_jax.reference.optimizer: transformers.AdamW's
+update and torch's clipping, by hand."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from trip_jax.reference import optimizer as reference
 from trip_jax.training import optimizers
 from trip_jax.training.optimizers import make_optimizer
 
@@ -62,7 +64,7 @@ def problem(seed=0):
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
 def test_hf_adamw_matches_the_hand_computed_update_over_three_steps(weight_decay):
     params, grads = problem()
-    got = run(optimizers.hf_adamw(LR, B1, B2, EPS, weight_decay), params, grads)
+    got = run(reference.hf_adamw(LR, B1, B2, EPS, weight_decay), params, grads)
     want = hand_hf_adamw(params, grads, weight_decay=weight_decay)
     for k in params:
         # Relative to the distance travelled: the update itself is what is compared.
@@ -72,7 +74,7 @@ def test_hf_adamw_matches_the_hand_computed_update_over_three_steps(weight_decay
 
 def test_hf_adamw_differs_from_optax_adamw_where_gradients_are_small():
     params, grads = problem()
-    hf = run(optimizers.hf_adamw(LR, B1, B2, EPS), params, grads[:1])
+    hf = run(reference.hf_adamw(LR, B1, B2, EPS), params, grads[:1])
     ox = run(optax.adamw(LR, b1=B1, b2=B2, eps=EPS, weight_decay=0.0), params, grads[:1])
     small = np.abs(hf["w"][0] - ox["w"][0]) / LR
     large = np.abs(hf["w"][1:] - ox["w"][1:]) / LR
@@ -82,10 +84,10 @@ def test_hf_adamw_differs_from_optax_adamw_where_gradients_are_small():
 
 def test_torch_clip_scales_by_max_norm_over_norm_plus_1e6():
     g = {"a": jnp.asarray([3.0, 4.0])}  # norm 5
-    clipped, _ = optimizers.torch_clip_by_global_norm(1.0).update(g, optax.EmptyState())
+    clipped, _ = reference.torch_clip_by_global_norm(1.0).update(g, optax.EmptyState())
     np.testing.assert_allclose(clipped["a"], np.asarray([3.0, 4.0]) / (5 + 1e-6), rtol=1e-7)
     small = {"a": jnp.asarray([0.3, 0.4])}  # below the limit: unchanged
-    same, _ = optimizers.torch_clip_by_global_norm(1.0).update(small, optax.EmptyState())
+    same, _ = reference.torch_clip_by_global_norm(1.0).update(small, optax.EmptyState())
     np.testing.assert_array_equal(same["a"], small["a"])
 
 
@@ -101,7 +103,7 @@ def test_the_clips_take_the_norm_the_step_computed(scale):
     for k in g:
         np.testing.assert_array_equal(ours[k], theirs[k])
     # The given norm is the one used (not computed again).
-    for clip in (optimizers.optax_clip_by_global_norm, optimizers.torch_clip_by_global_norm):
+    for clip in (optimizers.optax_clip_by_global_norm, reference.torch_clip_by_global_norm):
         clipped, _ = clip(1.0).update(g, optax.EmptyState(), grad_norm=jnp.float32(100.0))
         np.testing.assert_allclose(clipped["a"], g["a"] / 100.0, rtol=1e-6)
 

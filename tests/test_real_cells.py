@@ -21,8 +21,9 @@ from trip_jax.data.batching import BatchPlan
 from trip_jax.data.layouts import packing
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.training.losses import LossConfig, tiered_loss
-from trip_jax.models.cells import cell_view
+from trip_jax.models.cells import RealCells
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
+from trip_jax.reference.grid_cells import GridCells
 
 S = 7
 TINY = TieredConfig(embedding_projection=16, state_projection=16, detector_layers=2,
@@ -213,8 +214,8 @@ def test_cell_views_place_rows_and_padding_on_the_grid_and_tracks():
     rows = jnp.arange(1.0, 6.0)[:, None] * jnp.ones((5, 2))
     padding = jnp.asarray([-1.0, -2.0])
     batch = {"row_mask": row_mask, "track_index": np.asarray([0, 3, 4], np.int32)}
-    grid = cell_view("grid", batch, row_index)
-    real = cell_view("real", batch, row_index)
+    grid = GridCells.over(batch, row_index)
+    real = RealCells.over(batch, row_index)
     expected = np.tile(np.asarray(padding), (12, 1))
     expected[[0, 1, 9]] = [[1, 1], [2, 2], [3, 3]]
     np.testing.assert_array_equal(grid.gather(rows, padding), expected)

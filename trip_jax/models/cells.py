@@ -1,8 +1,8 @@
-"""Where the state heads and the detector run (``TieredConfig.cells``): one view of the grid.
+"""Where the state heads and the detector run: the real rows and tracks plus one padding each.
 
-``cell_view(cells, batch, row_index)`` returns ``GridCells`` ("grid": every cell and track) or
-``RealCells`` ("real": the real rows and tracks plus one padding each); the model calls only
-``gather``, ``tracks``, ``to_grid`` and ``from_tracks``. Details: docs/reference.md#model.
+``RealCells.over(batch, row_index)`` is the model's view of the grid; the model calls only
+``gather``, ``tracks``, ``to_grid`` and ``from_tracks``. The original's view of every cell is
+``trip_jax.reference.grid_cells.GridCells``. Details: docs/reference.md#model.
 """
 
 from __future__ import annotations
@@ -12,19 +12,6 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-
-def scatter_rows(row_values: jax.Array, row_index: jax.Array, row_shape: tuple[int, ...]
-                 ) -> jax.Array:
-    """Scatters per-encoder-row vectors [R, H] to a dense [*row_shape, H] grid.
-
-    ``row_index`` holds flat indices into ``row_shape``; padding rows point one past the end and
-    are dropped. Cells no row writes stay 0.
-    """
-    num_cells = int(np.prod(row_shape))
-    dense = jnp.zeros((num_cells, row_values.shape[-1]), row_values.dtype)
-    dense = dense.at[row_index].set(row_values, mode="drop")
-    return dense.reshape(*row_shape, row_values.shape[-1])
 
 
 def scatter_over_padding(values: jax.Array, index: jax.Array, size: int) -> jax.Array:
@@ -52,39 +39,6 @@ def cells_to_tracks(cell_values: jax.Array, padding_value, track_index: jax.Arra
     return jnp.concatenate([gathered, padding])
 
 
-class GridCells:
-    """Every cell of the (B, 2, E, S) grid is an input (N = B*2*E*S); every track runs."""
-
-    def __init__(self, row_mask: jax.Array, row_index: jax.Array):
-        self.row_mask = row_mask
-        self.row_index = row_index
-        self.track_mask = row_mask.reshape(-1, row_mask.shape[-1])
-
-    def gather(self, rows: jax.Array, padding: jax.Array | None) -> jax.Array:
-        """[R, H] -> [B*2*E*S, H]: each row at its cell, padding cells set to ``padding``.
-
-        Padding rows of the dense layout hold pad-token embeddings; they are replaced too.
-        """
-        h = scatter_rows(rows, self.row_index, self.row_mask.shape)
-        if padding is None:
-            h = h * self.row_mask[..., None]
-        else:
-            h = jnp.where(self.row_mask[..., None], h, padding)
-        return h.reshape(-1, h.shape[-1])
-
-    def tracks(self, values: jax.Array) -> jax.Array:
-        """[B*2*E*S, ...] -> [B*2*E, S, ...]."""
-        return values.reshape(-1, self.row_mask.shape[-1], *values.shape[1:])
-
-    def to_grid(self, values: jax.Array) -> jax.Array:
-        """[B*2*E*S, ...] -> [B, 2, E, S, ...]."""
-        return values.reshape(*self.row_mask.shape, *values.shape[1:])
-
-    def from_tracks(self, values: jax.Array) -> jax.Array:
-        """[B*2*E, S] -> [B, 2, E, S]."""
-        return values.reshape(self.row_mask.shape)
-
-
 class RealCells:
     """The encoder rows on real cells plus one padding row are the inputs (N = R + 1); the
     tracks ``track_index`` names plus one all-padding track run (T = K + 1). Padding cells and
@@ -96,6 +50,18 @@ class RealCells:
         self.track_index = track_index
         self.num_cells = int(np.prod(row_mask.shape))
         self.track_mask = self._tracks_of(row_mask.reshape(-1), False)
+
+    @classmethod
+    def over(cls, batch: Mapping[str, jax.Array], row_index: jax.Array) -> "RealCells":
+        """The view over ``batch["row_mask"]`` [B, 2, E, S]; ``row_index`` int32 [R]: the flat
+        cell of each encoder row (B*2*E*S for a padding row). The tracks are those of
+        ``batch["track_index"]`` (int32 [K]), every track where the batch has none."""
+        row_mask = jnp.asarray(batch["row_mask"], bool)
+        if "track_index" in batch:
+            track_index = jnp.asarray(batch["track_index"], jnp.int32)
+        else:
+            track_index = jnp.arange(int(np.prod(row_mask.shape[:-1])), dtype=jnp.int32)
+        return cls(row_mask, row_index, track_index)
 
     def _tracks_of(self, grid_values: jax.Array, padding_value) -> jax.Array:
         return cells_to_tracks(grid_values, padding_value, self.track_index,
@@ -128,21 +94,3 @@ class RealCells:
         num_tracks = self.num_cells // self.row_mask.shape[-1]
         return scatter_over_padding(values, self.track_index, num_tracks).reshape(
             self.row_mask.shape)
-
-
-def cell_view(cells: str, batch: Mapping[str, jax.Array], row_index: jax.Array
-              ) -> GridCells | RealCells:
-    """The view ``cells`` ("grid" or "real") names over ``batch["row_mask"]`` [B, 2, E, S].
-
-    ``row_index`` int32 [R]: the flat cell of each encoder row (B*2*E*S for a padding row).
-    "real" runs the tracks of ``batch["track_index"]`` (int32 [K]), every track where the batch
-    has none.
-    """
-    row_mask = jnp.asarray(batch["row_mask"], bool)
-    if cells == "grid":
-        return GridCells(row_mask, row_index)
-    if "track_index" in batch:
-        track_index = jnp.asarray(batch["track_index"], jnp.int32)
-    else:
-        track_index = jnp.arange(int(np.prod(row_mask.shape[:-1])), dtype=jnp.int32)
-    return RealCells(row_mask, row_index, track_index)

@@ -1,13 +1,13 @@
 """The tiered TRIP model: encoder rows -> state heads -> conflict detector -> story choice.
 
-``TieredModel(encoder, config)`` maps the batch contract's input arrays to its model outputs;
-every architecture number is a ``TieredConfig`` field with the reference's default.
-Details: docs/reference.md#model, docs/exact-mode.md.
+``build_tiered_model(hf_config, config)`` builds the ``TieredModel`` that maps the batch
+contract's input arrays to its model outputs, with the original's pieces the config chooses
+(``trip_jax.reference``). Details: docs/reference.md#model, docs/exact-mode.md.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +16,11 @@ from flax import linen as nn
 
 from trip_jax.config.sections import TieredConfig
 from trip_jax.data.schema import MAX_CLASSES, NUM_ATTRIBUTES, NUM_CLASSES
-from trip_jax.models import exact_mode, layer_stack
-from trip_jax.models.cells import cell_view
+from trip_jax.models import layer_stack
+from trip_jax.models.cells import RealCells
 from trip_jax.models.encoders import build_encoder
+from trip_jax.reference.grid_cells import GridCells
+from trip_jax.reference.padding_row import PaddingRow
 
 # Logit given to classes a head does not have: finite, so that 0 * log_softmax stays 0 (no NaN),
 # and so negative that softmax gives those classes exactly 0 in float32.
@@ -151,17 +153,22 @@ class ConflictDetector(nn.Module):
 class TieredModel(nn.Module):
     """The tiered reasoning model (docs/reference.md, "Model") over batch-contract arrays.
 
-    ``encoder`` is a module following the encoder contract (see ``build_tiered_model`` to build
-    it from a Hugging Face config); its parameters live under ``params["encoder"]``. Every
-    matmul of the model (encoder, heads, detector; their gradients too) runs at
-    ``matmul_precision`` (model.matmul_precision). ``max_sentences`` is S (``data.max_sentences``);
-    the attributes and their classes are the data's (``trip_jax.data.schema``).
+    ``encoder`` is a module following the encoder contract; its parameters live under
+    ``params["encoder"]``. Every matmul of the model (encoder, heads, detector; their gradients
+    too) runs at ``matmul_precision`` (model.matmul_precision). ``max_sentences`` is S
+    (``data.max_sentences``); the attributes and their classes are the data's
+    (``trip_jax.data.schema``). ``padding_row`` (the original's, or None: padding cells get 0)
+    and ``cell_view`` (the class of the view the heads and the detector run on: ``RealCells``,
+    or the original's ``GridCells``) are chosen from ``config`` by ``build_tiered_model``, the
+    one place that reads ``padding_rows``, ``padding_row_*`` and ``cells``.
     """
 
     encoder: nn.Module
     max_sentences: int
     config: TieredConfig = TieredConfig()
     matmul_precision: str = "default"
+    padding_row: PaddingRow | None = None
+    cell_view: Any = RealCells
 
     def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True
                  ) -> dict[str, jax.Array]:
@@ -186,7 +193,7 @@ class TieredModel(nn.Module):
 
         # Encoder rows -> the head inputs of the cells the heads run on.
         rows, row_index, padding = self.row_embeddings(batch, deterministic)
-        cells = cell_view(cfg.cells, batch, row_index)
+        cells = self.cell_view.over(batch, row_index)
         h = cells.gather(rows, padding)
 
         # State heads.
@@ -234,26 +241,22 @@ class TieredModel(nn.Module):
         where several rows share a sequence: the encoder then attends within a segment and
         restarts positions there) and each row's first token ``row_start`` (flat n*L + l).
         Returns rows float32 [R, H]; row_index int32 [R], the flat (B, 2, E, S) cell of each
-        row (B*2*E*S for a padding row); and with ``padding_rows="encoded"`` the reference's
-        padding-row vector float32 [H] (``padding_row_length``, ``padding_row_attention``),
-        encoded as one more sequence of the batch (``exact_mode.with_padding_row``), else None.
+        row (B*2*E*S for a padding row); and with a ``padding_row`` the original's padding-row
+        vector float32 [H], encoded as one more sequence of the batch
+        (``PaddingRow.add_to``), else None.
         """
-        cfg = self.config
         inputs = {key: batch.get(key) for key in
                   ("input_ids", "attention_mask", "token_type_ids", "segment_ids")}
         row_start, extra = batch["row_start"], {}
-        encoded = cfg.padding_rows == "encoded"
-        if encoded:
-            inputs, row_start = exact_mode.with_padding_row(inputs, row_start,
-                                                            cfg.padding_row_length)
-            extra = exact_mode.padding_row_masking(self.encoder, cfg.padding_row_attention)
+        if self.padding_row is not None:
+            inputs, row_start, extra = self.padding_row.add_to(inputs, row_start)
         hidden = self.encoder(inputs["input_ids"], inputs["attention_mask"],
                               token_type_ids=inputs["token_type_ids"],
                               deterministic=deterministic, segment_ids=inputs["segment_ids"],
                               **extra)
         flat = hidden.reshape(-1, hidden.shape[-1])
         rows = flat[jnp.asarray(row_start, jnp.int32)].astype(jnp.float32)
-        padding = hidden[-1, 0].astype(jnp.float32) if encoded else None
+        padding = None if self.padding_row is None else self.padding_row.vector(hidden)
         return rows, jnp.asarray(batch["row_index"], jnp.int32), padding
 
 
@@ -283,9 +286,16 @@ def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *, max_
     """Builds a TieredModel of S = ``max_sentences`` whose encoder comes from
     ``build_encoder(hf_config)``.
 
-    ``dtype``/``remat``/``unroll`` go to the encoder; the heads and detector compute in float32; every
-    matmul at ``matmul_precision`` (``jax.default_matmul_precision``'s name).
+    ``dtype``/``remat``/``unroll`` go to the encoder; the heads and detector compute in float32;
+    every matmul at ``matmul_precision`` (``jax.default_matmul_precision``'s name). The
+    original's padding row (``padding_rows="encoded"``) and grid cells (``cells="grid"``) are
+    chosen here (ValueError: ``padding_row_attention="legacy"`` for an encoder without
+    ``mask_bias``).
     """
-    return TieredModel(encoder=build_encoder(hf_config, dtype=dtype, remat=remat, unroll=unroll),
-                       max_sentences=max_sentences, config=config,
-                       matmul_precision=matmul_precision)
+    encoder = build_encoder(hf_config, dtype=dtype, remat=remat, unroll=unroll)
+    padding_row = (PaddingRow.for_encoder(encoder, config.padding_row_length,
+                                          config.padding_row_attention)
+                   if config.padding_rows == "encoded" else None)
+    return TieredModel(encoder=encoder, max_sentences=max_sentences, config=config,
+                       matmul_precision=matmul_precision, padding_row=padding_row,
+                       cell_view=GridCells if config.cells == "grid" else RealCells)

@@ -1,88 +1,23 @@
 """The optimizer of a run: AdamW by name, gradient clipping, the learning-rate schedule.
 
 ``make_optimizer(config.train, total_steps)`` returns (optimizer, encoder schedule): optax's AdamW
-("adamw") or ``transformers.AdamW``'s ("hf_adamw"), each with its clip; ``update`` takes the
-gradients' norm as ``grad_norm``. Details: docs/exact-mode.md.
+and clip ("adamw") or the original's (``trip_jax.reference.optimizer``, "hf_adamw"), chosen once
+by ``ADAMW``; ``update`` takes the gradients' norm as ``grad_norm``. Details: docs/exact-mode.md.
 """
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from trip_jax.config.sections import Optimizer, Schedule, choices_of
+from trip_jax.reference import optimizer as reference
 
 OPTIMIZERS: tuple[str, ...] = choices_of(Optimizer)  # train.optimizer
 SCHEDULES: tuple[str, ...] = choices_of(Schedule)  # train.schedule
-# torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing.
-TORCH_CLIP_EPS = 1e-6
-
-
-class HFAdamWState(NamedTuple):
-    """Step count and the two moment estimates (float32, like the parameters)."""
-
-    count: jax.Array
-    mu: optax.Updates
-    nu: optax.Updates
-
-
-def _one_minus_power(decay: float, count: jax.Array) -> jax.Array:
-    """1 - decay**count in float32 without the cancellation of the direct form (1 - 0.999**1
-    in float32 is off by 1.3e-5 relative; transformers computes it in float64)."""
-    return -jnp.expm1(count.astype(jnp.float32) * math.log(decay))
-
-
-def scale_by_hf_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
-                     ) -> optax.GradientTransformation:
-    """Adam direction with ``transformers.AdamW``'s epsilon placement, times -1 (the learning
-    rate is applied afterwards): returns sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)."""
-
-    def init(params):
-        zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)
-        return HFAdamWState(count=jnp.zeros((), jnp.int32), mu=jax.tree.map(zeros, params),
-                            nu=jax.tree.map(zeros, params))
-
-    def update(updates, state, params=None):
-        del params
-        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
-        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, updates)
-        count = state.count + 1
-        correction = jnp.sqrt(_one_minus_power(b2, count)) / _one_minus_power(b1, count)
-        direction = jax.tree.map(lambda m, v: correction * m / (jnp.sqrt(v) + eps), mu, nu)
-        return direction, HFAdamWState(count=count, mu=mu, nu=nu)
-
-    return optax.GradientTransformation(init, update)
-
-
-def hf_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-             eps: float = 1e-6, weight_decay: float = 0.0) -> optax.GradientTransformation:
-    """``transformers.AdamW`` (correct_bias=True) as an optax transformation.
-
-    The update is -lr * direction - lr * weight_decay * (params - lr * direction): the weight
-    decay acts on the parameters after the Adam step, as transformers applied it.
-    """
-    adam = scale_by_hf_adam(b1, b2, eps)
-    schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
-
-    def init(params):
-        return adam.init(params)
-
-    def update(updates, state, params=None):
-        step = state.count  # the schedule sees 0, 1, ... like optax.scale_by_learning_rate
-        direction, state = adam.update(updates, state)
-        lr = schedule(step)
-        updates = jax.tree.map(lambda d: -lr * d, direction)
-        if weight_decay:
-            if params is None:
-                raise ValueError("hf_adamw with weight_decay needs the parameters")
-            updates = jax.tree.map(lambda u, p: u - lr * weight_decay * (p + u), updates, params)
-        return updates, state
-
-    return optax.GradientTransformation(init, update)
 
 
 def global_norm(tree) -> jax.Array:
@@ -90,24 +25,10 @@ def global_norm(tree) -> jax.Array:
     return optax.tree.norm(tree)
 
 
-def torch_clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
-    """``torch.nn.utils.clip_grad_norm_``: scales by min(1, max_norm / (norm + 1e-6)).
-
-    ``update(..., grad_norm=None)``: the updates' ``global_norm`` if already computed."""
-
-    def update(updates, state, params=None, *, grad_norm=None, **extra_args):
-        del params, extra_args
-        norm = global_norm(updates) if grad_norm is None else grad_norm
-        scale = jnp.minimum(1.0, max_norm / (norm + TORCH_CLIP_EPS))
-        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
-
-    return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
-
-
 def optax_clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
     """``optax.clip_by_global_norm`` (the same operations, so the same bits): scales by
-    max_norm / norm when norm >= max_norm. ``update(..., grad_norm=None)`` as
-    ``torch_clip_by_global_norm``."""
+    max_norm / norm when norm >= max_norm. ``update(..., grad_norm=None)``: the updates'
+    ``global_norm`` if already computed."""
 
     def update(updates, state, params=None, *, grad_norm=None, **extra_args):
         del params, extra_args
@@ -119,24 +40,33 @@ def optax_clip_by_global_norm(max_norm: float) -> optax.GradientTransformationEx
     return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
+# train.optimizer -> (its AdamW, the gradient clipping that goes with it). Both are called
+# with the same arguments: (learning_rate, *, b1, b2, eps, weight_decay) and (max_norm).
+ADAMW: dict[str, tuple[Callable[..., optax.GradientTransformation],
+                       Callable[[float], optax.GradientTransformationExtraArgs]]] = {
+    "adamw": (optax.adamw, optax_clip_by_global_norm),
+    # transformers.AdamW after torch.nn.utils.clip_grad_norm_, as the original trained.
+    "hf_adamw": (reference.hf_adamw, reference.torch_clip_by_global_norm),
+}
+
+
+def _chosen(name: str):
+    """``ADAMW[name]``; ValueError for an unknown name."""
+    if name not in ADAMW:
+        raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
+    return ADAMW[name]
+
+
 def adamw(name: str, learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
           weight_decay: float) -> optax.GradientTransformation:
     """The AdamW called ``name``: "adamw" (optax) or "hf_adamw" (transformers.AdamW)."""
-    if name == "adamw":
-        return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-    if name == "hf_adamw":
-        return hf_adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-    raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
+    return _chosen(name)[0](learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
 
 
 def clip_by_global_norm(name: str, max_norm: float) -> optax.GradientTransformationExtraArgs:
     """Gradient clipping that goes with optimizer ``name``: optax's for "adamw", torch's for
     "hf_adamw" (the reference clipped with torch.nn.utils.clip_grad_norm_)."""
-    if name == "hf_adamw":
-        return torch_clip_by_global_norm(max_norm)
-    if name == "adamw":
-        return optax_clip_by_global_norm(max_norm)
-    raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
+    return _chosen(name)[1](max_norm)
 
 
 def learning_rate_schedule(train_config, total_steps: int, lr: float | None = None
@@ -163,12 +93,12 @@ def make_optimizer(train_config, total_steps: int
     ``train.freeze_encoder`` leaves the encoder parameters unchanged (no optimizer state)."""
     schedule = learning_rate_schedule(train_config, total_steps)
 
-    # train.optimizer: "adamw" (optax) or "hf_adamw" (transformers.AdamW, the reference's).
-    name = train_config.optimizer
+    # train.optimizer, chosen once: optax's AdamW and clip, or the original's (``ADAMW``).
+    make_adamw, make_clip = _chosen(train_config.optimizer)
 
     def configured(rate):
-        return adamw(name, rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
-                     eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
+        return make_adamw(rate, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                          eps=train_config.adam_eps, weight_decay=train_config.weight_decay)
 
     if train_config.head_learning_rate > 0 or train_config.freeze_encoder:
         # head_learning_rate 0 (None here): the heads share the encoder's peak rate.
@@ -180,8 +110,7 @@ def make_optimizer(train_config, total_steps: int
     else:
         tx = configured(schedule)
     if train_config.grad_clip_norm > 0:
-        clip = clip_by_global_norm(name, train_config.grad_clip_norm)
-        return optax.chain(clip, tx), schedule
+        return optax.chain(make_clip(train_config.grad_clip_norm), tx), schedule
     return optax.with_extra_args_support(tx), schedule
 
 

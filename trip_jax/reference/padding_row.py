@@ -1,19 +1,19 @@
-"""The model's exact-mode piece: the reference's padding row (``padding_rows="encoded"``).
+"""The original's padding row (``model.tiered.padding_rows = "encoded"``), one model piece.
 
-``with_padding_row`` adds the reference's padding row (token ids, mask and types 0) to the
-encoder's input as one more sequence, so the encoder's one pass computes its vector too.
-Details: docs/exact-mode.md.
+``PaddingRow.for_encoder`` (chosen by ``trip_jax.models.tiered.build_tiered_model``) adds the
+padding row (token ids, mask and types 0) to the encoder's input as one more sequence, so the
+encoder's one pass computes its vector too. Details: docs/exact-mode.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
-
-from trip_jax.models.bert import BertEncoder
 
 # The additive bias of masked keys in transformers 4.x before 4.21 (the reference ran 4.11).
 LEGACY_MASK_BIAS = -10000.0
@@ -48,12 +48,40 @@ def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Arra
 
 def padding_row_masking(encoder: nn.Module, attention: str) -> dict[str, float]:
     """The encoder's keyword arguments that mask the padding row as ``attention`` says:
-    "legacy" with ``LEGACY_MASK_BIAS`` (BERT and RoBERTa only, else ValueError), "masked" with
-    the encoder's own mask (none)."""
+    "legacy" with ``LEGACY_MASK_BIAS`` (encoders that take ``mask_bias``: BERT and RoBERTa; else
+    ValueError), "masked" with the encoder's own mask (none)."""
     if attention == "masked":
         return {}
-    if not isinstance(encoder, BertEncoder):
+    if "mask_bias" not in inspect.signature(type(encoder).__call__).parameters:
         raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
                          "additive mask of BERT/RoBERTa; use 'masked' for "
                          f"{type(encoder).__name__}")
     return {"mask_bias": LEGACY_MASK_BIAS}
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddingRow:
+    """The padding row of ``length`` tokens, encoded with the encoder's keyword arguments
+    ``mask_bias`` (None: the encoder's own masking)."""
+
+    length: int
+    mask_bias: float | None = None
+
+    @classmethod
+    def for_encoder(cls, encoder: nn.Module, length: int, attention: str) -> "PaddingRow":
+        """The padding row of ``length`` tokens masked as ``attention`` ("legacy", "masked")
+        says for ``encoder`` (``padding_row_masking``)."""
+        return cls(length, padding_row_masking(encoder, attention).get("mask_bias"))
+
+    def add_to(self, inputs: Mapping[str, jax.Array | None], row_start: jax.Array
+               ) -> tuple[dict[str, jax.Array], jax.Array, dict[str, float]]:
+        """``with_padding_row`` and the encoder's keyword arguments for the widened inputs."""
+        inputs, row_start = with_padding_row(inputs, row_start, self.length)
+        extra = {} if self.mask_bias is None else {"mask_bias": self.mask_bias}
+        return inputs, row_start, extra
+
+    @staticmethod
+    def vector(hidden: jax.Array) -> jax.Array:
+        """The padding row's vector float32 [H] from the encoder's output on ``add_to``'s
+        inputs: the first token of the last sequence."""
+        return hidden[-1, 0].astype(jnp.float32)
