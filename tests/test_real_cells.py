@@ -31,7 +31,7 @@ OPTIONS = {
     "default": {},
     "encoded_unmasked": dict(padding_rows="encoded", detector_padding_mask=False),
 }
-FLOAT_KEYS = ("pre_logits", "eff_logits", "conflict_logits", "conflict_prob", "story_score")
+FLOAT_KEYS = ("pre_logits", "eff_logits", "conflict_logits", "conflict_prob", "story_logits")
 PRED_KEYS = ("pre_pred", "eff_pred", "story_pred")
 COMMON = dict(max_sentences=S, max_length=None, token_types="segments", entity_padding="bucket")
 LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=64, max_shapes=1, dedup_rows=False,

@@ -15,7 +15,7 @@ from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_I
                                     Section, above, at_least, interval, keys, option)
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
-CONFIG_VERSION = 6
+CONFIG_VERSION = 7
 
 # Choice keys' values (each a Literal, read by the CLI checks and by the modules that use them).
 DataFormat = Literal["", "cgli", "har", "release"]
@@ -34,7 +34,7 @@ Optimizer = Literal["adamw", "hf_adamw"]
 Schedule = Literal["constant", "warmup_linear", "warmup_cosine"]
 Selection = Literal["verifiability", "smoothed"]
 PrngImpl = Literal["threefry2x32", "rbg", "unsafe_rbg"]
-DecodingMethod = Literal["reference", "coherent"]
+DecodingMethod = Literal["independent", "coherent"]
 
 # The checkpoint names of a workdir (trip_jax/training/checkpoints.py NAMES: best_verifiability is the
 # old name of selected) or a step number.
@@ -174,7 +174,7 @@ class ModelConfig(Section):
     matmul_precision: MatmulPrecision = option(
         "default", "precision of every matmul of the model, forward and backward: 'default' "
         "the device's fastest (TF32 on NVIDIA GPUs, bfloat16 passes on TPU), 'highest' full "
-        "float32 (the exact mode's); docs/reference.md")
+        "float32 (exact fidelity's); docs/reference.md")
     tiered: TieredConfig = option(TieredConfig(), "the tiered architecture")
 
 
@@ -246,9 +246,9 @@ class DecodingConfig(Section):
 
     SECTION = "decoding"
     method: DecodingMethod = option(
-        "reference", "reference: each tier on its own (the paper's); coherent: story, "
+        "independent", "independent: each tier on its own (the paper's); coherent: story, "
         "conflicting pair and backing states decoded jointly")
-    conflict_weight: float = option(0.0, "weight of the detector's log-beliefs", NON_NEGATIVE)
+    detector_weight: float = option(0.0, "weight of the detector's log-beliefs", NON_NEGATIVE)
     persistence: bool = option(True, "no effect in between may undo the evidence")
     state_threshold: float = option(0.0, "a state needs this probability (0: every argmax)",
                                     interval("[0, 1)"))
@@ -293,8 +293,8 @@ class Config(Section):
     decoding: DecodingConfig = option(DecodingConfig(), "decoding")
     cv: CrossValidationConfig = option(CrossValidationConfig(), "cross-validation")
     mesh: MeshConfig = option(MeshConfig(), "mesh")
-    preset: str = option("reference", "the model preset the config argument chose "
-                         "(configs/base.py PRESETS)")
+    recipe: str = option("paper", "the recipe the config argument chose (configs/base.py "
+                         "RECIPES)")
     config_version: int = option(CONFIG_VERSION, "the schema version the config was written "
                                  "with", Rule(lambda v: v == CONFIG_VERSION, str(CONFIG_VERSION)))
 

@@ -2,7 +2,7 @@
 
 ``TieredModel(encoder, config)`` maps the batch contract's input arrays to its model outputs;
 every architecture number is a ``TieredConfig`` field with the reference's default.
-Details: docs/reference.md#model, docs/exact-mode.md.
+Details: docs/reference.md#model, docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from flax import linen as nn
 
 from trip_jax.config.sections import TieredConfig
 from trip_jax.data.schema import MAX_CLASSES, NUM_ATTRIBUTES, NUM_CLASSES
-from trip_jax.models import exact_mode, layer_stack
+from trip_jax.models import layer_stack, padding_row
 from trip_jax.models.cells import cell_view
 from trip_jax.models.encoders import build_encoder
 
@@ -169,7 +169,7 @@ class TieredModel(nn.Module):
 
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
-        story_score [B,2], story_pred [B]. ValueError if S != ``max_sentences``.
+        story_logits [B,2], story_pred [B]. ValueError if S != ``max_sentences``.
         """
         with jax.default_matmul_precision(self.matmul_precision):
             return self.outputs(batch, deterministic)
@@ -213,7 +213,7 @@ class TieredModel(nn.Module):
         pre_logits, eff_logits = cells.to_grid(pre_logits), cells.to_grid(eff_logits)
         conflict_logits = cells.from_tracks(conflict_logits)
         conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
-        story_score = -conflict_prob.sum(axis=(2, 3)) / 2  # −Σ_{e,s} p / 2, the reference's
+        story_logits = -conflict_prob.sum(axis=(2, 3)) / 2  # −Σ_{e,s} p / 2, the reference's
         return {
             "pre_logits": pre_logits,
             "eff_logits": eff_logits,
@@ -221,8 +221,8 @@ class TieredModel(nn.Module):
             "eff_pred": _masked_argmax(eff_logits, row_mask),
             "conflict_logits": conflict_logits,
             "conflict_prob": conflict_prob,
-            "story_score": story_score,
-            "story_pred": jnp.argmax(story_score, axis=-1).astype(jnp.int32),
+            "story_logits": story_logits,
+            "story_pred": jnp.argmax(story_logits, axis=-1).astype(jnp.int32),
         }
 
     def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True
@@ -236,7 +236,7 @@ class TieredModel(nn.Module):
         Returns rows float32 [R, H]; row_index int32 [R], the flat (B, 2, E, S) cell of each
         row (B*2*E*S for a padding row); and with ``padding_rows="encoded"`` the reference's
         padding-row vector float32 [H] (``padding_row_length``, ``padding_row_attention``),
-        encoded as one more sequence of the batch (``exact_mode.with_padding_row``), else None.
+        encoded as one more sequence of the batch (``padding_row.with_padding_row``), else None.
         """
         cfg = self.config
         inputs = {key: batch.get(key) for key in
@@ -244,9 +244,9 @@ class TieredModel(nn.Module):
         row_start, extra = batch["row_start"], {}
         encoded = cfg.padding_rows == "encoded"
         if encoded:
-            inputs, row_start = exact_mode.with_padding_row(inputs, row_start,
-                                                            cfg.padding_row_length)
-            extra = exact_mode.padding_row_masking(self.encoder, cfg.padding_row_attention)
+            inputs, row_start = padding_row.with_padding_row(inputs, row_start,
+                                                             cfg.padding_row_length)
+            extra = padding_row.padding_row_masking(self.encoder, cfg.padding_row_attention)
         hidden = self.encoder(inputs["input_ids"], inputs["attention_mask"],
                               token_type_ids=inputs["token_type_ids"],
                               deterministic=deterministic, segment_ids=inputs["segment_ids"],

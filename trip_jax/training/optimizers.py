@@ -2,7 +2,7 @@
 
 ``make_optimizer(config.train, total_steps)`` returns (optimizer, encoder schedule): optax's AdamW
 ("adamw") or ``transformers.AdamW``'s ("hf_adamw"), each with its clip; ``update`` takes the
-gradients' norm as ``grad_norm``. Details: docs/exact-mode.md.
+gradients' norm as ``grad_norm``. Details: docs/fidelity.md.
 """
 
 from __future__ import annotations

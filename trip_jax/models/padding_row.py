@@ -1,8 +1,8 @@
-"""The model's exact-mode piece: the reference's padding row (``padding_rows="encoded"``).
+"""The exact-fidelity piece of the model: the reference's padding row (``padding_rows="encoded"``).
 
 ``with_padding_row`` adds the reference's padding row (token ids, mask and types 0) to the
 encoder's input as one more sequence, so the encoder's one pass computes its vector too.
-Details: docs/exact-mode.md.
+Details: docs/fidelity.md.
 """
 
 from __future__ import annotations
