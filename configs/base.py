@@ -89,7 +89,7 @@ def parse_argument(argument: str | None, default_fidelity: str, default_recipe: 
         if key not in ARGUMENTS:
             raise ValueError(unknown_choice("config argument key", key, ARGUMENTS))
         if value not in ARGUMENTS[key]:
-            raise ValueError(unknown_choice(f"{key}", value, ARGUMENTS[key]))
+            raise ValueError(unknown_choice(key, value, ARGUMENTS[key]))
         if key in chosen:
             raise ValueError(f"config argument {argument!r} names {key} twice")
         chosen[key] = value

@@ -150,7 +150,7 @@ def test_contract_table_names_every_key():
     assert "| `row_start` | [R] | int32 | dense: " in table
 
 
-def test_exact_mode_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_config):
+def test_exact_fidelity_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_config):
     config = tiny_config("fidelity=exact")
     config.data.max_pairs = 6
     run = input_pipeline.prepare_data(config)

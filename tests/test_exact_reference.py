@@ -229,7 +229,7 @@ def test_the_padding_row_costs_no_second_encoder_pass(model, params, packed):
     assert scans == {"encoded": 2, "zero": 2}  # the encoder's layers and the detector's
 
 
-def test_token_types_are_all_zero_in_exact_mode(tokenizer, encoded, packed):
+def test_token_types_are_all_zero_at_exact_fidelity(tokenizer, encoded, packed):
     assert not any(s.type_ids.any() for p in encoded for s in p.stories)
     assert not packed["token_type_ids"].any()
     segments = features.encode_pairs(story_pairs(), tokenizer, max_sentences=S)
