@@ -1,8 +1,8 @@
-"""Measures what each piece of the exact fidelity changes, one piece at a time.
+"""Measures what each piece of exact fidelity changes, one piece at a time.
 
 ``TRIP_DATA_DIR=... python -m benchmarks.fidelity_effects --out=FILE``: one dev pair, MiniLM-L6,
-fresh heads, dropout off; each exact-fidelity key set to its clean value alone (and all at once), the
-differences of every output and loss term reported. Details: docs/fidelity.md.
+fresh heads, dropout off; each exact-fidelity key set to its clean value alone (and all at once),
+the differences of every output and loss term reported. Details: docs/fidelity.md.
 """
 
 from __future__ import annotations

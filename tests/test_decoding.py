@@ -1,5 +1,5 @@
-"""Coherent decoding (trip_jax/evaluation/decoding.py) on hand-made pairs, and both decodings scored side by
-side (evaluate.decoded_metrics)."""
+"""Coherent decoding (trip_jax/evaluation/decoding.py) on hand-made pairs, and both decodings scored
+side by side (evaluate.decoded_metrics)."""
 
 import dataclasses
 
@@ -382,3 +382,20 @@ def test_an_improbable_contradiction_leaves_the_states_as_the_heads_read_them():
     assert decoded.pre_pred[0, 1, 0, 3, POWER] == 0  # the head's own argmax
     with pytest.raises(ValueError, match="min_flip_probability"):
         DecodingConfig(method="coherent", min_flip_probability=1.0)
+
+
+def test_records_of_the_old_decoding_names_read_under_todays_names():
+    # Issue 45 stage 3 renamed decoding "reference" to "independent" and decoding.conflict_weight
+    # to detector_weight; saved records (results/) keep the old names and read as the new ones.
+    from trip_jax.training.metric_log import current_names
+    old = {"step": 4, "reference/accuracy": 0.5, "coherent/accuracy": 0.75,
+           "decoding": "reference", "loss/total": 1.0,
+           "by_decoding": {"reference": {"correct": True}},
+           "sweep": {"decoding": {"method": "reference", "conflict_weight": 0.0}}}
+    assert current_names([old]) == [{
+        "step": 4, "independent/accuracy": 0.5, "coherent/accuracy": 0.75,
+        "decoding": "independent", "loss/total": 1.0,
+        "by_decoding": {"independent": {"correct": True}},
+        "sweep": {"decoding": {"method": "independent", "detector_weight": 0.0}}}]
+    new = {"independent/accuracy": 0.5, "decoding": "coherent", "scheme": "reference"}
+    assert current_names(new) == new
