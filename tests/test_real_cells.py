@@ -146,7 +146,7 @@ def test_heads_and_detector_see_only_real_rows_and_tracks(encoded, batches, para
     assert batch["track_index"].size + 1 < batch["row_mask"].size // S
 
 
-def test_training_mode_and_parameters(encoded, batches, params):
+def test_training_and_parameters(encoded, batches, params):
     batch = batches["packed_tokens"]
     real = make_model(encoded[1], cells="real")
     grid = make_model(encoded[1])
