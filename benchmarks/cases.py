@@ -38,7 +38,7 @@ RANDOM_ENCODER_MODELS: dict[str, tuple[dict, str | None]] = {
 PAPER_CONFIGS = {"roberta": roberta, "bert": bert, "deberta": deberta}
 _PAPER_NAME = re.compile(r"^(%s)(?:_l(\d+))?$" % "|".join(PAPER_CONFIGS))
 _RANDOM_NAME = re.compile(r"^(%s)_l(\d+)$" % "|".join(RANDOM_ENCODER_MODELS))
-# configs/roberta.py as it is (exact mode) around these random encoders, in bfloat16.
+# configs/roberta.py as it is (exact fidelity) around these random encoders, in bfloat16.
 EXACT_MODELS = {"large_exact": LARGE_ENCODER, "smoke_large_exact": SMOKE_LARGE_ENCODER}
 MODEL_NAMES: tuple[str, ...] = ("tiny", "minilm", *RANDOM_ENCODER_MODELS, *EXACT_MODELS,
                                 *paper_encoders.PAPER_ENCODERS)
@@ -153,7 +153,7 @@ class BenchmarkLayout:
 LAYOUTS: dict[str, BenchmarkLayout] = {
     "packed_tokens": BenchmarkLayout({"data.layout": "packed_tokens", "data.seq_len": 0,
                                       "model.tiered.cells": "real"}),
-    # The model config's own layout and keys, unchanged (the paper configs' exact mode).
+    # The model config's own layout and keys, unchanged (the paper configs' exact fidelity).
     "config": BenchmarkLayout({}),
     "reference_dense": BenchmarkLayout({"model.tiered.cells": "grid"}, batch="reference_dense",
                                        one_pair=True, baseline=True),
@@ -333,7 +333,7 @@ def gpu_check_grid(smoke: bool = False) -> Grid:
 def paper_grid(encoders: tuple[str, ...] = ("roberta", "bert", "deberta"),
                batch_sizes: tuple[int, ...] = (1, 8, 32),
                dtypes: tuple[str, ...] = ("float32", "bfloat16"), timed: str = "") -> Grid:
-    """The paper configs (exact mode) of ``encoders`` at their real shapes (``timed``: a
+    """The paper configs (exact fidelity) of ``encoders`` at their real shapes (``timed``: a
     model-name suffix such as "_l2" for fewer layers): one float32 train and eval step on the
     largest batch at batch 1, and XLA's memory plans of the train step of their 1- and 2-layer
     variants (the real widths) in ``dtypes`` at ``batch_sizes``, from which the per-layer cost

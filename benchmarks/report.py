@@ -174,7 +174,7 @@ def _paper_lines(results: dict) -> list[str]:
                           f"{p['train']['temp_bytes'] / gib:.2f}"])
     lines = []
     if full:
-        lines += ["", "The paper configs at their real size (exact mode, random weights, "
+        lines += ["", "The paper configs at their real size (exact fidelity, random weights, "
                   "stand-in tokenizer), one train and one eval step on the largest batch of "
                   "the dev pairs at batch 1 (E padded to the data's maximum):", ""]
         lines += table(["model", "tokenizer", "params", "grid B x 2 x E x S", "real rows",

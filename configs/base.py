@@ -1,8 +1,8 @@
-"""The base config: every key at its schema default, plus a mode, a model preset and a loss preset.
+"""The base config: every key at its schema default, plus a fidelity, a recipe and a loss preset.
 
-Not run directly: the other configs call ``get_config()``. The config argument names at most one
-mode (``exact``/``clean``), model preset (``PRESETS``) and loss preset: ``roberta.py:clean,all``.
-Keys are declared in ``trip_jax/config/sections.py``. Details: README.md#training.
+Not run directly: the other configs call ``get_config()``. Their argument sets up to three
+``key=value``: ``fidelity`` (``FIDELITIES``), ``recipe`` (``RECIPES``) and ``losses``
+(``LOSS_PRESETS``), e.g. ``roberta.py:fidelity=clean,losses=all``. Details: README.md#training.
 """
 
 import ml_collections
@@ -14,8 +14,8 @@ from trip_jax.training.losses import LOSS_PRESETS
 DEFAULT_LOSS_PRESET = "omit_story"
 
 # The keys in which the original implementation's step differs from the cleaned-up variant,
-# with each mode's values (docs/exact-mode.md: what each one does and its measured effect).
-REFERENCE_MODES: dict[str, dict[str, object]] = {
+# with each fidelity's values (docs/fidelity.md: what each one does and its measured effect).
+FIDELITIES: dict[str, dict[str, object]] = {
     "exact": {
         "model.tiered.padding_rows": "encoded",
         "model.tiered.detector_padding_mask": False,
@@ -44,11 +44,11 @@ REFERENCE_MODES: dict[str, dict[str, object]] = {
 
 
 # The improvements over the paper's model, one switch for any encoder
-# (``--config=configs/roberta.py:coherent``); "reference" sets nothing. docs/results.md gives
+# (``--config=configs/roberta.py:recipe=tuned``); "paper" sets nothing. docs/results.md gives
 # each key's measured effect (the ablation table).
-PRESETS: dict[str, dict[str, object]] = {
-    "reference": {},
-    "coherent": {
+RECIPES: dict[str, dict[str, object]] = {
+    "paper": {},
+    "tuned": {
         # Story, conflicting pair and backing states decoded jointly (trip_jax/evaluation/decoding.py).
         "decoding.method": "coherent",
         # A state is asserted at probability >= 0.5 only, and an object named twice in a story
@@ -69,24 +69,32 @@ PRESETS: dict[str, dict[str, object]] = {
 }
 
 
-def parse_argument(argument: str | None, default_mode: str, default_preset: str = "reference"
+# The config argument's keys, each with its choices.
+ARGUMENTS: dict[str, dict] = {"fidelity": FIDELITIES, "recipe": RECIPES, "losses": LOSS_PRESETS}
+
+
+def parse_argument(argument: str | None, default_fidelity: str, default_recipe: str = "paper"
                    ) -> tuple[str, str, str]:
-    """Splits the config argument ("exact", "all", "coherent,clean", ...) into (mode, model
-    preset, loss preset), filling in ``default_mode``, ``default_preset`` and
+    """Splits the config argument ("fidelity=exact", "recipe=tuned,losses=all", ...) into
+    (fidelity, recipe, loss preset), filling in ``default_fidelity``, ``default_recipe`` and
     ``DEFAULT_LOSS_PRESET``."""
-    kinds = {"mode": REFERENCE_MODES, "model preset": PRESETS, "loss preset": LOSS_PRESETS}
     chosen: dict[str, str] = {}
-    for token in filter(None, (t.strip() for t in (argument or "").split(","))):
-        kind = next((k for k, names in kinds.items() if token in names), None)
-        if kind is None:
-            raise ValueError(unknown_choice("loss preset, model preset or mode", token,
-                                            [*sorted(LOSS_PRESETS), *PRESETS, *REFERENCE_MODES]))
-        if kind in chosen:
-            raise ValueError(f"config argument {argument!r} names two {kind}s")
-        chosen[kind] = token
-    preset = chosen.get("model preset", default_preset)
-    return (chosen.get("mode", default_mode), preset,
-            chosen.get("loss preset", DEFAULT_LOSS_PRESET))
+    for item in filter(None, (t.strip() for t in (argument or "").split(","))):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not equals:
+            owner = next((k for k, values in ARGUMENTS.items() if item in values), None)
+            hint = f"did you mean {owner}={item}?" if owner else "e.g. fidelity=exact"
+            raise ValueError(f"config argument {item!r} is not KEY=VALUE; {hint} "
+                             f"(keys: {', '.join(ARGUMENTS)})")
+        if key not in ARGUMENTS:
+            raise ValueError(unknown_choice("config argument key", key, ARGUMENTS))
+        if value not in ARGUMENTS[key]:
+            raise ValueError(unknown_choice(key, value, ARGUMENTS[key]))
+        if key in chosen:
+            raise ValueError(f"config argument {argument!r} names {key} twice")
+        chosen[key] = value
+    return (chosen.get("fidelity", default_fidelity), chosen.get("recipe", default_recipe),
+            chosen.get("losses", DEFAULT_LOSS_PRESET))
 
 
 def get_key(config: ml_collections.ConfigDict, dotted: str) -> object:
@@ -105,31 +113,31 @@ def set_keys(config: ml_collections.ConfigDict, values: dict[str, object]) -> No
         node[key] = value
 
 
-def apply_reference_mode(config: ml_collections.ConfigDict, mode: str) -> None:
-    """Sets every key of ``REFERENCE_MODES[mode]`` in ``config``."""
-    if mode not in REFERENCE_MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(REFERENCE_MODES)}")
-    set_keys(config, REFERENCE_MODES[mode])
+def apply_fidelity(config: ml_collections.ConfigDict, fidelity: str) -> None:
+    """Sets every key of ``FIDELITIES[fidelity]`` in ``config``."""
+    if fidelity not in FIDELITIES:
+        raise ValueError(unknown_choice("fidelity", fidelity, FIDELITIES))
+    set_keys(config, FIDELITIES[fidelity])
 
 
-def reference_mode(config: ml_collections.ConfigDict) -> str:
-    """The mode whose every key ``config`` has ("exact", "clean"), else "mixed"."""
-    for mode, values in REFERENCE_MODES.items():
+def fidelity_of(config: ml_collections.ConfigDict) -> str:
+    """The fidelity whose every key ``config`` has ("exact", "clean"), else "mixed"."""
+    for fidelity, values in FIDELITIES.items():
         if all(get_key(config, k) == v for k, v in values.items()):
-            return mode
+            return fidelity
     return "mixed"
 
 
-def get_config(argument: str | None = None, *, default_mode: str = "clean",
-               default_preset: str = "reference") -> ml_collections.ConfigDict:
-    """Returns the base configuration for a config argument (module docstring: mode, model
-    preset and loss preset); the defaults apply to what the argument does not name. The model
-    preset's name is kept as ``config.preset``."""
-    mode, model_preset, loss_preset = parse_argument(argument, default_mode, default_preset)
+def get_config(argument: str | None = None, *, default_fidelity: str = "clean",
+               default_recipe: str = "paper") -> ml_collections.ConfigDict:
+    """Returns the base configuration for a config argument (module docstring: fidelity, recipe
+    and loss preset); the defaults apply to what the argument does not name. The recipe's name
+    is kept as ``config.recipe``."""
+    fidelity, recipe, loss_preset = parse_argument(argument, default_fidelity, default_recipe)
     config = fields.config_dict(sections.Config)  # every key at its schema default
     set_keys(config, dict(zip(("loss.pre_weight", "loss.eff_weight", "loss.conflict_weight",
                                "loss.story_weight"), LOSS_PRESETS[loss_preset])))
-    apply_reference_mode(config, mode)
-    set_keys(config, PRESETS[model_preset])
-    config.preset = model_preset
+    apply_fidelity(config, fidelity)
+    set_keys(config, RECIPES[recipe])
+    config.recipe = recipe
     return config

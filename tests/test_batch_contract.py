@@ -92,9 +92,9 @@ def test_model_outputs_follow_the_contract(data, tiny_config):
         lambda rng: model.apply({"params": builders.init_params(model, rng, S)}, batch),
         jax.random.key(0))
     assert batch_contract.check_outputs(outputs, sizes) == {k: sizes[k] for k in "BES"}
-    with pytest.raises(BatchContractError, match="'story_score' has shape"):
+    with pytest.raises(BatchContractError, match="'story_logits' has shape"):
         batch_contract.check_outputs(
-            {**outputs, "story_score": jax.ShapeDtypeStruct((2, 2, 1), np.float32)}, sizes)
+            {**outputs, "story_logits": jax.ShapeDtypeStruct((2, 2, 1), np.float32)}, sizes)
     with pytest.raises(BatchContractError, match="'pre_pred' has dtype float32"):
         batch_contract.check_outputs(
             {**outputs, "pre_pred": jax.ShapeDtypeStruct(outputs["pre_pred"].shape, np.float32)},
@@ -150,8 +150,8 @@ def test_contract_table_names_every_key():
     assert "| `row_start` | [R] | int32 | dense: " in table
 
 
-def test_exact_mode_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_config):
-    config = tiny_config("exact")
+def test_exact_fidelity_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_config):
+    config = tiny_config("fidelity=exact")
     config.data.max_pairs = 6
     run = input_pipeline.prepare_data(config)
     layout = run.layout
@@ -166,7 +166,7 @@ def test_exact_mode_layout_pads_to_the_data_maximum_with_zero_token_types(tiny_c
             layout.check(batch)
             assert batch["row_mask"].shape[2] == largest  # E: the data's, not a bucket
             assert not batch["token_type_ids"].any()
-    clean = input_pipeline.prepare_data(tiny_config("clean")).layout
+    clean = input_pipeline.prepare_data(tiny_config("fidelity=clean")).layout
     assert (clean.entity_padding, clean.token_types) == ("bucket", "segments")
     # "bucket": dense rounds E per batch; packed_tokens fixes it (few shapes).
     assert isinstance(clean, layouts.PackedTokens) and clean.num_entities is not None

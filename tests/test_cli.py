@@ -47,8 +47,10 @@ def usage_error(argv: list[str], capsys) -> str:
     ("--config.train.num_epochs=1.5", "train.num_epochs takes an int, default 2"),
     ("--config.train.prng_impl=rgb", "train.prng_impl: unknown value 'rgb'; did you mean 'rbg'?"),
     ("--config.model.dtype=bfloat61", "did you mean 'bfloat16'?"),
-    ("--config=configs/tiny.py:omit_stry",
-     "unknown loss preset, model preset or mode 'omit_stry'; did you mean 'omit_story'?"),
+    ("--config=configs/tiny.py:losses=omit_stry",
+     "unknown losses 'omit_stry'; did you mean 'omit_story'?"),
+    ("--config=configs/tiny.py:exact", "config argument 'exact' is not KEY=VALUE; did you mean "
+     "fidelity=exact?"),
     ("--config=configs/tny.py", "configs/tny.py does not exist; did you mean "
                                 "--config=configs/tiny.py?"),
     ("--split=tset", "did you mean 'test'?"),
@@ -246,7 +248,7 @@ def test_help_shows_the_commands_text_and_flags_and_exits_0(argv, capsys):
 
 @pytest.mark.parametrize("flag, devices, expected", [
     ("--config.train.learnin_rate=1", 1, "did you mean --config.train.learning_rate?"),
-    ("--config=configs/tiny.py:omit_stry", 1, "did you mean 'omit_story'?"),
+    ("--config=configs/tiny.py:losses=omit_stry", 1, "did you mean 'omit_story'?"),
     # Checked once the devices are known, before any data is read.
     ("--config.mesh.data=2", 1, "data=2, fsdp=1 (allowed: sizes whose product is the 1 device;"),
     ("--config.train.batch_size=3", 2, "--config.train.batch_size: 3 (allowed: a multiple of 2"),

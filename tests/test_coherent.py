@@ -1,5 +1,5 @@
-"""The coherent preset end to end on configs/tiny.py (train, select, report, evaluate, predict),
-the model presets of the config argument, and the selection rules."""
+"""The tuned recipe end to end on configs/tiny.py (train, select, report, evaluate, predict),
+the recipes of the config argument, and the selection rules."""
 
 from __future__ import annotations
 
@@ -18,26 +18,30 @@ from trip_jax.training import checkpoints, selection
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
-def test_the_paper_configs_run_the_reference_and_minilm_the_coherent_preset():
+def test_the_paper_configs_run_the_paper_recipe_and_minilm_the_tuned_one():
     for config in (roberta.get_config(), tiny.get_config()):
-        assert config.preset == "reference"
-        assert config.decoding.method == "reference"
+        assert config.recipe == "paper"
+        assert config.decoding.method == "independent"
         assert config.train.selection == "verifiability"
         assert config.loss.story_weight == 0.0  # omit_story, the paper's best
-    coherent = minilm.get_config()
-    assert coherent.preset == "coherent"
-    for dotted, value in base.PRESETS["coherent"].items():
-        assert base.get_key(coherent, dotted) == value, dotted
-    assert (coherent.loss.conflict_weight, coherent.loss.story_weight) == (0.2, 0.0)  # omit_story
-    # The reference model is one switch away, and the preset is one switch for any encoder.
-    reference = minilm.get_config("reference")
-    assert reference.decoding.method == "reference"
-    assert reference.model.tiered.detector_layers == 6
-    assert roberta.get_config("coherent").decoding.method == "coherent"
-    assert roberta.get_config("coherent").data.max_length == 16  # still the exact mode
-    assert minilm.get_config("coherent,omit_story").loss.story_weight == 0.0
-    with pytest.raises(ValueError, match="two model presets"):
-        minilm.get_config("coherent,reference")
+    tuned = minilm.get_config()
+    assert tuned.recipe == "tuned"
+    for dotted, value in base.RECIPES["tuned"].items():
+        assert base.get_key(tuned, dotted) == value, dotted
+    assert (tuned.loss.conflict_weight, tuned.loss.story_weight) == (0.2, 0.0)  # omit_story
+    # The paper's model is one switch away, and the tuned recipe is one switch for any encoder.
+    paper = minilm.get_config("recipe=paper")
+    assert paper.decoding.method == "independent"
+    assert paper.model.tiered.detector_layers == 6
+    assert roberta.get_config("recipe=tuned").decoding.method == "coherent"
+    assert roberta.get_config("recipe=tuned").data.max_length == 16  # still exact fidelity
+    assert minilm.get_config("recipe=tuned,losses=omit_story").loss.story_weight == 0.0
+    with pytest.raises(ValueError, match="names recipe twice"):
+        minilm.get_config("recipe=tuned,recipe=paper")
+    with pytest.raises(ValueError, match="did you mean recipe=tuned"):
+        minilm.get_config("tuned")
+    with pytest.raises(ValueError, match="unknown recipe 'coherent'"):
+        minilm.get_config("recipe=coherent")
 
 
 def test_selection_rules():
@@ -62,10 +66,10 @@ def test_selection_rules():
 
 @pytest.fixture(scope="module")
 def coherent_run(tmp_path_factory, tiny_config):
-    """A tiny run with the coherent preset, every decoded contradiction written (a 2-epoch tiny
-    model believes none at the preset's min_flip_probability): (workdir, config, test metrics)."""
+    """A tiny run with the tuned recipe, every decoded contradiction written (a 2-epoch tiny
+    model believes none at the recipe's min_flip_probability): (workdir, config, test metrics)."""
     workdir = tmp_path_factory.mktemp("coherent")
-    config = tiny_config("coherent")
+    config = tiny_config("recipe=tuned")
     config.train.num_epochs = 2
     config.decoding.min_flip_probability = 0.0
     return workdir, config, train.train_and_evaluate(config, str(workdir))
@@ -74,7 +78,7 @@ def coherent_run(tmp_path_factory, tiny_config):
 def test_the_coherent_run_selects_and_reports_both_decodings(coherent_run):
     workdir, config, result = coherent_run
     assert result["decoding"] == "coherent"
-    for method in ("reference", "coherent"):
+    for method in ("independent", "coherent"):
         tiers = [result[f"{method}/{key}"] for key in metrics.TIER_METRICS]
         assert 1 >= tiers[0] >= tiers[1] >= tiers[2] >= 0
     assert result["accuracy"] == result["coherent/accuracy"]
@@ -92,8 +96,8 @@ def test_the_coherent_run_selects_and_reports_both_decodings(coherent_run):
     assert len(latest.meta["selection_history"]) == config.train.selection_window
     report = (workdir / "reports" / "test.md").read_text()
     assert "## Decodings of the same outputs" in report
-    # omit_story (the default loss preset): the reference decoding's story choice is untrained.
-    assert "| reference (story choice untrained) |" in report and "| coherent |" in report
+    # omit_story (the default loss preset): the independent decoding's story choice is untrained.
+    assert "| independent (story choice untrained) |" in report and "| coherent |" in report
     assert "## Where pairs are lost, tier by tier" in report
     shares = result["tier_losses"]["shares"]
     assert sum(shares.values()) == pytest.approx(1.0)
@@ -126,21 +130,21 @@ def test_every_coherent_prediction_names_the_states_behind_its_conflict(coherent
                            and s["entity"] == backing["entity"]
                            and s["attribute"] == backing["attribute"])}.items()
         assert "The conflict: after sentence" in explanation["text"]
-        assert set(record["by_decoding"]) == {"reference", "coherent"}
+        assert set(record["by_decoding"]) == {"independent", "coherent"}
 
 
 def test_evaluate_and_predict_decode_as_the_config_says(coherent_run, tmp_path):
     workdir, config, result = coherent_run
     scored = evaluate.evaluate_checkpoint(config, str(workdir), checkpoints.SELECTED,
                                           "test")["metrics"]
-    for key in ("coherent/accuracy", "coherent/consistency", "reference/verifiability"):
+    for key in ("coherent/accuracy", "coherent/consistency", "independent/verifiability"):
         assert scored[key] == result[key], key
-    as_reference = config.copy_and_resolve_references()
-    as_reference.decoding.method = "reference"
-    reference = evaluate.evaluate_checkpoint(as_reference, str(workdir),
-                                             checkpoints.SELECTED, "test")["metrics"]
-    assert reference["decoding"] == "reference"
-    assert reference["accuracy"] == result["reference/accuracy"]
+    as_independent = config.copy_and_resolve_references()
+    as_independent.decoding.method = "independent"
+    independent = evaluate.evaluate_checkpoint(as_independent, str(workdir),
+                                               checkpoints.SELECTED, "test")["metrics"]
+    assert independent["decoding"] == "independent"
+    assert independent["accuracy"] == result["independent/accuracy"]
     stories = [["Tom plugged in the phone.", "Tom charged the phone.", "Tom called Ann."],
                ["Tom dropped the phone in water.", "The phone broke.", "Tom called Ann."]]
     line = {"id": "phone", "stories": stories, "entities": [["Tom", "phone"], ["Tom", "phone"]]}

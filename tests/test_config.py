@@ -30,7 +30,7 @@ def test_every_key_is_declared_once_with_help_and_base_builds_from_the_schema():
     assert all(key.help for key in sections.KEYS.values())
     built = migrate.flatten(json.loads(base.get_config().to_json()))
     assert list(built) == list(sections.KEYS)  # the same keys, in the schema's order
-    # A key no mode or preset sets keeps its schema default.
+    # A key no fidelity or recipe sets keeps its schema default.
     assert built["train.learning_rate"] == sections.TrainConfig().learning_rate == 1e-5
     assert built["config_version"] == sections.CONFIG_VERSION
 
@@ -100,7 +100,7 @@ def test_the_typed_config_is_the_config_files_and_writes_back_the_same_json():
 
 
 def test_a_current_config_migrates_to_itself():
-    current = json.loads(base.get_config("coherent").to_json())
+    current = json.loads(base.get_config("recipe=tuned").to_json())
     assert migrate.migrate(current, "here") == current
 
 
@@ -116,13 +116,15 @@ def test_every_committed_old_config_migrates_keeping_its_values_or_names_what_wa
     old = migrate.flatten(json.loads(path.read_text()))
     removed = removed_values(old)
     if removed:
-        # E.g. the coherent preset's runs before issue 24's ablation (state_transitions=True).
+        # E.g. the tuned recipe's runs before issue 24's ablation (state_transitions=True).
         key, value = next(iter(removed.items()))
         with pytest.raises(migrate.ConfigError, match=f"{path}: {key}={value!r} was removed"):
             migrate.migrate(json.loads(path.read_text()), str(path))
         return
     new = migrate.flatten(migrate.migrate(json.loads(path.read_text()), str(path)))
     assert list(new) == list(sections.KEYS)
+    for step in list(migrate.STEPS.values())[old.get("config_version", 0):]:
+        migrate.apply_renames(old, step)  # renamed keys and values under their new names
     assert new["config_version"] == sections.CONFIG_VERSION
     gone = {key for step in migrate.STEPS.values() for key in (*step.removed, *step.dropped)}
     assert {k: new[k] for k in old if k not in gone | {"config_version"}} == {
@@ -134,7 +136,7 @@ def test_every_committed_old_config_migrates_keeping_its_values_or_names_what_wa
 
 
 def test_old_configs_read_as_the_run_was_configured():
-    # The pruned preset's seed 22 (issue 24): configs/minilm.py before issue 43's CV decided its
+    # The pruned recipe's seed 22 (issue 24): configs/minilm.py before issue 43's CV decided its
     # protocol and decoding thresholds, but for the compilation cache and where the weights were
     # installed.
     path = SAVED_CONFIGS / "minilm_coherent_pruned.seed22.json"
@@ -145,7 +147,7 @@ def test_old_configs_read_as_the_run_was_configured():
     local = ("train.compilation_cache_dir", "model.encoder")
     assert {k: v for k, v in migrated.items() if k not in local} == {
         k: v for k, v in expected.items() if k not in local}
-    # Runs of the coherent preset with state_transitions (before issue 24's ablation) are refused
+    # Runs of the tuned recipe with state_transitions (before issue 24's ablation) are refused
     # as a whole, but one key (a summary needs the seed) still reads.
     refused = [p for p in OLD_CONFIGS if removed_values(migrate.flatten(json.loads(p.read_text())))]
     assert refused
@@ -161,6 +163,28 @@ def test_old_configs_read_as_the_run_was_configured():
     assert migrated["model"]["tiered"]["cells"] == "grid"
     assert migrated["decoding"] == dataclasses.asdict(sections.DecodingConfig())
     assert sections.TieredConfig.from_mapping(migrated["model"]["tiered"]).cells == "grid"
+
+
+def test_version_6_configs_read_under_the_names_of_issue_45_stage_3():
+    # The model preset became the recipe (reference -> paper, coherent -> tuned), decoding
+    # "reference" became "independent", decoding.conflict_weight became detector_weight.
+    for recipe, old_preset, old_method in (("tuned", "coherent", "coherent"),
+                                           ("paper", "reference", "reference")):
+        saved = json.loads(base.get_config(f"recipe={recipe}").to_json())
+        saved["config_version"] = 6
+        saved["preset"] = old_preset
+        del saved["recipe"]
+        saved["decoding"]["method"] = old_method
+        saved["decoding"]["conflict_weight"] = saved["decoding"].pop("detector_weight") + 0.5
+        migrated = migrate.migrate(saved, "W/config.json")
+        assert migrated["recipe"] == recipe and "preset" not in migrated
+        assert migrated["decoding"]["method"] == base.get_config(
+            f"recipe={recipe}").decoding.method
+        assert migrated["decoding"]["detector_weight"] == 0.5
+        assert "conflict_weight" not in migrated["decoding"]
+        assert migrated["loss"]["conflict_weight"] == saved["loss"]["conflict_weight"]  # λc
+        assert migrate.read_key(saved, "recipe", "W") == recipe
+        assert migrate.read_key(saved, "decoding.detector_weight", "W") == 0.5
 
 
 @pytest.mark.parametrize("change, message", [

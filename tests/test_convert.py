@@ -106,7 +106,7 @@ class TieredModelPipeline(nn.Module):
         grid = (b, 2, e, s)
         return {"pre": [z.reshape(*grid, -1) for z in pre],
                 "eff": [z.reshape(*grid, -1) for z in eff],
-                "conflict_prob": p, "story_score": -p.sum(dim=(2, 3)) / 2}
+                "conflict_prob": p, "story_logits": -p.sum(dim=(2, 3)) / 2}
 
 
 def _register_authors_module():
@@ -182,7 +182,7 @@ def pickled_outputs(path, batch, pad_id):
     return {"pre": np.concatenate([z.numpy() for z in out["pre"]], -1),
             "eff": np.concatenate([z.numpy() for z in out["eff"]], -1),
             "conflict_prob": out["conflict_prob"].numpy(),
-            "story_score": out["story_score"].numpy(),
+            "story_logits": out["story_logits"].numpy(),
             "pre_pred": np.stack([z.argmax(-1).numpy() for z in out["pre"]], -1),
             "eff_pred": np.stack([z.argmax(-1).numpy() for z in out["eff"]], -1)}
 
@@ -228,7 +228,7 @@ def test_imported_model_equals_the_pickled_models_forward(family, authors_files,
     assert (config.model.tiered.detector_layers, config.model.tiered.detector_heads,
             config.model.tiered.embedding_projection, config.data.max_sentences) == (
         LAYERS, HEADS, PROJ, S)
-    assert config.model.tiered.padding_rows == "encoded" and config.decoding.method == "reference"
+    assert config.model.tiered.padding_rows == "encoded" and config.decoding.method == "independent"
     assert restored.meta["encoder_config"]["model_type"] == family
     # The state: every pickled tensor the forward pass uses is in the tree, values unchanged.
     state = torch.load(path, weights_only=False).state_dict()
@@ -251,7 +251,7 @@ def test_imported_model_equals_the_pickled_models_forward(family, authors_files,
         pair = np.asarray(batch["pair_mask"], bool)
         np.testing.assert_allclose(ours["conflict_prob"][pair], theirs["conflict_prob"][pair],
                                    atol=1e-4)
-        np.testing.assert_allclose(ours["story_score"][pair], theirs["story_score"][pair],
+        np.testing.assert_allclose(ours["story_logits"][pair], theirs["story_logits"][pair],
                                    atol=1e-4)
         np.testing.assert_allclose(real_logits(ours["pre_logits"])[real], theirs["pre"][real],
                                    atol=1e-4)
@@ -259,7 +259,7 @@ def test_imported_model_equals_the_pickled_models_forward(family, authors_files,
                                    atol=1e-4)
         # Decoded predictions: identical.
         np.testing.assert_array_equal(ours["story_pred"][pair],
-                                      theirs["story_score"][pair].argmax(-1))
+                                      theirs["story_logits"][pair].argmax(-1))
         np.testing.assert_array_equal(ours["pre_pred"][real], theirs["pre_pred"][real])
         np.testing.assert_array_equal(ours["eff_pred"][real], theirs["eff_pred"][real])
         np.testing.assert_array_equal(ours["conflict_prob"][pair] >= 0.5,
@@ -292,7 +292,7 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
     # The encoder is a local directory (the tokenizer's): the reports name it by its folder.
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["model"]["encoder"] == str(tok_dir)
-    name = f"{tok_dir.name} ({saved['preset']}, seed {saved['train']['seed']})"
+    name = f"{tok_dir.name} ({saved['recipe']}, seed {saved['train']['seed']})"
     report = (workdir / "eval" / "test.selected-0.md").read_text()
     page = (workdir / "eval" / "test.selected-0.html").read_text()
     assert f"- model: {name}\n" in report and f"| {name} |" in report and name in page
@@ -324,7 +324,7 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
         pair = np.asarray(batch["pair_mask"], bool)
         arrays = metrics.TieredArrays(
             story_label=batch["story_label"][pair],
-            story_pred=theirs["story_score"][pair].argmax(-1),
+            story_pred=theirs["story_logits"][pair].argmax(-1),
             conflict_label=batch["conflict_label"][pair],
             conflict_prob=theirs["conflict_prob"][pair],
             pre_label=batch["pre_label"][pair], pre_pred=theirs["pre_pred"][pair]
@@ -339,8 +339,8 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
             assert record["predicted_story"] == int(arrays.story_pred[n])
             answer = answers[encoded_ids[int(index)]]
             assert answer["plausible_story"] == int(arrays.story_pred[n])
-            np.testing.assert_allclose(answer["story_scores"],
-                                       theirs["story_score"][pair][n], atol=1e-4)
+            np.testing.assert_allclose(answer["story_logits"],
+                                       theirs["story_logits"][pair][n], atol=1e-4)
             for key in ("predicted_conflict", "gold_conflict", "correct", "consistent",
                         "verifiable"):
                 assert record[key] == expected[key], (record["pair_id"], key)

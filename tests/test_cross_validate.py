@@ -25,7 +25,7 @@ def read_log(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-SWEEP = "method=reference,coherent"
+SWEEP = "method=independent,coherent"
 
 
 def two_folds(tiny_config, sweep=SWEEP):
@@ -110,9 +110,9 @@ def test_each_fold_writes_its_sweep_and_the_summary_reads_those_files(cv_run):
     workdir, summary = cv_run
     swept = json.loads((workdir / "cv_sweep.json").read_text())
     assert swept["folds"] == [0, 1]
-    # The tiny run decodes with "reference": its row is each fold's last held-out evaluation.
+    # The tiny run decodes with "independent": its row is each fold's last held-out evaluation.
     last = summary["epochs"][2.0]
-    reference, coherent = swept["decodings"]["method=reference"], swept["decodings"][
+    reference, coherent = swept["decodings"]["method=independent"], swept["decodings"][
         "method=coherent"]
     for name in ("accuracy", "consistency", "verifiability", "curated/accuracy"):
         assert reference[name]["mean"] == pytest.approx(last[name]["mean"])
@@ -120,9 +120,9 @@ def test_each_fold_writes_its_sweep_and_the_summary_reads_those_files(cv_run):
     for fold in (0, 1):
         held = json.loads((workdir / f"fold{fold}" / "sweep.json").read_text())
         assert held["method=coherent"]["decoding"]["method"] == "coherent"
-        assert held["method=reference"]["step"] == 4  # 4 pairs at batch 2, 2 epochs
+        assert held["method=independent"]["step"] == 4  # 4 pairs at batch 2, 2 epochs
     table = (workdir / "cv_sweep.md").read_text()
-    assert "| method=coherent | 2 |" in table and "| method=reference | 2 |" in table
+    assert "| method=coherent | 2 |" in table and "| method=independent | 2 |" in table
 
 
 def test_committed_fold_files_are_enough_without_checkpoints(cv_run, tiny_config, tmp_path,
@@ -141,7 +141,7 @@ def test_committed_fold_files_are_enough_without_checkpoints(cv_run, tiny_config
             == json.loads((workdir / "cv_sweep.json").read_text()))
     # A decoding the files lack needs a checkpoint: one line naming the fold to train again.
     with pytest.raises(checkpoints.CheckpointError,
-                       match=r"fold0/sweep.json lacks cv.sweep's method=reference, "
+                       match=r"fold0/sweep.json lacks cv.sweep's method=independent, "
                              r"persistence=False .*remove .*fold0 to train that fold again"):
         cross_validate.cross_validate(
             two_folds(tiny_config, SWEEP + ";persistence=false"), str(copy))
@@ -162,9 +162,9 @@ def test_a_fold_without_its_sweep_file_is_decoded_from_its_checkpoint(cv_run, ti
 @pytest.mark.parametrize("text, message", [
     ("conflict_state_threshold=0,1.5", "decoding.conflict_state_threshold in [0, 1), not '1.5'"),
     ("alias_states=maybe", "decoding.alias_states a bool, not 'maybe'"),
-    ("state_threshold=", "with each KEY one of method, conflict_weight"),
+    ("state_threshold=", "with each KEY one of method, detector_weight"),
     ("learning_rate=1", "'learning_rate=1' is not"),
-    ("method=reference;method=coherent", "decoding.method is named twice"),
+    ("method=independent;method=coherent", "decoding.method is named twice"),
 ])
 def test_bad_sweeps_are_one_line_naming_the_key(text, message, tiny_config):
     with pytest.raises(ValueError, match=re.escape(message)):

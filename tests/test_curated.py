@@ -65,11 +65,11 @@ def test_a_damaged_marker_is_an_error_naming_the_file_and_line(data):
 
 def records() -> list[dict]:
     """Three pairs' records: a verifiable one, a consistent one, a wrong story."""
-    def record(pair_id, correct, consistent, verifiable, reference):
+    def record(pair_id, correct, consistent, verifiable, independent):
         tiers = {"correct": correct, "consistent": consistent, "verifiable": verifiable}
         return {"pair_id": pair_id, **tiers,
-                "by_decoding": {"coherent": tiers, "reference": {
-                    "correct": reference, "consistent": False, "verifiable": False}}}
+                "by_decoding": {"coherent": tiers, "independent": {
+                    "correct": independent, "consistent": False, "verifiable": False}}}
     return [record("a", True, True, True, True), record("b", True, True, False, False),
             record("c", False, False, False, True)]
 
@@ -80,8 +80,8 @@ def test_the_tiers_of_each_half():
     half = split["curated"]
     assert half["num_pairs"] == 2
     assert (half["accuracy"], half["consistency"], half["verifiability"]) == (0.5, 0.5, 0.5)
-    assert half["by_decoding"]["reference"] == {"accuracy": 1.0, "consistency": 0.0,
-                                                "verifiability": 0.0}
+    assert half["by_decoding"]["independent"] == {"accuracy": 1.0, "consistency": 0.0,
+                                                  "verifiability": 0.0}
     other = split["implicit"]
     assert other["num_pairs"] == 1 and other["verifiability"] == 0.0 and other["accuracy"] == 1.0
     empty = curated.marker_split(records(), set(), "m")["curated"]
@@ -102,7 +102,7 @@ def test_reports_show_the_halves_or_say_the_marker_was_not_found():
     split = curated.marker_split(records(), {"a", "c"}, "test_curated.har.jsonl")
     table = reports._marker_table(split)
     assert "| curated | (reported) | 2 | 50.0 | 50.0 | 50.0 |" in table
-    assert "| curated | reference | 2 | 100.0 | 0.0 | 0.0 |" in table
+    assert "| curated | independent | 2 | 100.0 | 0.0 | 0.0 |" in table
     assert "| implicit | coherent | 1 | 100.0 | 100.0 | 0.0 |" in table
     missing = reports._marker_table(curated.marker_split(records(), None, "dev_curated.har.jsonl"))
     assert any("Marker not found" in line and "dev_curated.har.jsonl" in line for line in missing)
@@ -174,10 +174,11 @@ def test_run_summary_splits_by_the_marker(tmp_path, data, fx, monkeypatch):
 
 
 def test_run_summary_reads_a_run_of_removed_options(data_dir):
-    # A run of the preset before issue 24's ablation (state_transitions=True; the files of
+    # A run of the tuned recipe before issue 24's ablation (state_transitions=True; the files of
     # results/archive/minilm_coherent/seed22): its config no longer migrates, its report still
-    # summarises.
+    # summarises, its "reference/..." metrics (issue 45 stage 3's old name) as "independent".
     runs = [REPO / "tests" / "fixtures" / "run_of_removed_options" / "seed22"]
     summary = run_summary.summarize(runs, data_dir)
     assert [r["seed"] for r in summary["runs"]] == [22]
     assert summary["spread"]["coherent"]["accuracy"]["mean"] == pytest.approx(269 / 351)
+    assert {"coherent", "independent"} <= set(summary["spread"])

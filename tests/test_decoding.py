@@ -1,5 +1,5 @@
-"""Coherent decoding (trip_jax/evaluation/decoding.py) on hand-made pairs, and both decodings scored side by
-side (evaluate.decoded_scores)."""
+"""Coherent decoding (trip_jax/evaluation/decoding.py) on hand-made pairs, and both decodings scored
+side by side (evaluate.decoded_metrics)."""
 
 import dataclasses
 
@@ -41,7 +41,7 @@ def pair(pre_states=None, eff_states=None, *, story_pred=0, conflict_logits=None
         "pre_pred": pre.argmax(-1) * mask[..., None], "eff_pred": eff.argmax(-1) * mask[..., None],
         "conflict_logits": np.zeros((2, E, S)) if conflict_logits is None else conflict_logits,
         "conflict_prob": np.full((2, E, S), 0.3), "story_pred": np.int64(story_pred),
-        "story_score": np.zeros(2), "row_mask": mask,
+        "story_logits": np.zeros(2), "row_mask": mask,
     }
     return {k: np.asarray(v)[None] for k, v in arrays.items()}
 
@@ -73,7 +73,7 @@ def test_the_story_with_a_backed_contradiction_is_implausible():
         1, 0, POWER, 1, 3)
     # Entity 1 has no state at sentences 1 or 3, so only entity 0's rows are flagged.
     assert decoded.conflict_prob[0, 1, 1].tolist() == [0, 0, 0, 0, 0]
-    # The reference decoding keeps the model's own story.
+    # Independent decoding keeps the model's own story.
     assert decoding.decode(arrays, DecodingConfig()).story_pred.tolist() == [0]
 
 
@@ -126,13 +126,13 @@ def test_the_detector_beliefs_break_a_tie_when_weighted():
     beliefs[1, 0, [0, 2]] = 3.0
     arrays = pair(**states, conflict_logits=beliefs, story_pred=1)
     assert decoding.decode(arrays, dataclasses.replace(
-        COHERENT, conflict_weight=1.0)).story_pred.tolist() == [0]
-    # Unweighted the two stories tie and the reference story_pred decides.
+        COHERENT, detector_weight=1.0)).story_pred.tolist() == [0]
+    # Unweighted the two stories tie and the model's own story_pred decides.
     assert decoding.decode(arrays, COHERENT).story_pred.tolist() == [1]
 
 
 @pytest.mark.parametrize("story_pred", [0, 1])
-def test_ties_between_stories_keep_the_reference_story(story_pred):
+def test_ties_between_stories_keep_the_models_own_story(story_pred):
     states = dict(pre_states={(0, 0, 2, POWER): FALSE, (1, 0, 2, POWER): FALSE},
                   eff_states={(0, 0, 0, POWER): TRUE, (1, 0, 0, POWER): TRUE})
     decoded = decoding.decode(pair(**states, story_pred=story_pred), COHERENT)
@@ -160,7 +160,7 @@ def test_padding_rows_never_back_a_contradiction():
     assert (found.story, found.attribute) == (0, OPEN)
 
 
-def test_a_story_too_short_for_a_contradiction_leaves_the_reference_story():
+def test_a_story_too_short_for_a_contradiction_leaves_the_models_own_story():
     mask = np.zeros((2, E, S), bool)
     mask[:, :, 0] = True  # one sentence per story: no candidate anywhere
     decoded = decoding.decode(pair(row_mask=mask, story_pred=1), COHERENT)
@@ -201,7 +201,7 @@ def random_pairs(rng, n=12):
 def test_every_decoded_conflict_is_backed(seed):
     arrays = random_pairs(np.random.default_rng(seed))
     for weight in (0.0, 0.5):
-        decoded = decoding.decode(arrays, dataclasses.replace(COHERENT, conflict_weight=weight))
+        decoded = decoding.decode(arrays, dataclasses.replace(COHERENT, detector_weight=weight))
         for n in range(len(decoded.story_pred)):
             assert_backed(decoded, n)
 
@@ -209,15 +209,15 @@ def test_every_decoded_conflict_is_backed(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_both_decodings_are_scored_side_by_side(seed):
     arrays = random_pairs(np.random.default_rng(seed))
-    scores, decoded, outcomes = evaluate.decoded_scores(arrays, COHERENT)
+    scores, decoded, outcomes = evaluate.decoded_metrics(arrays, COHERENT)
     assert scores["decoding"] == "coherent"
     for method in decoding.DECODINGS:
         tiers = [scores[f"{method}/{key}"] for key in metrics.TIER_METRICS]
         assert tiers[0] >= tiers[1] >= tiers[2]
         assert set(outcomes[method]) >= {"correct", "consistent", "verifiable"}
     assert scores["accuracy"] == scores["coherent/accuracy"]
-    reference = metrics.tiered_metrics(metrics.TieredArrays.from_mapping(arrays))
-    assert scores["reference/consistency"] == reference["consistency"]
+    independent = metrics.tiered_metrics(metrics.TieredArrays.from_mapping(arrays))
+    assert scores["independent/consistency"] == independent["consistency"]
     # The state F1s are those of the decoded states (the ones the explanation names).
     again = metrics.tiered_metrics(metrics.TieredArrays.from_mapping(
         {**arrays, **decoded.predictions()}))
@@ -263,9 +263,10 @@ def test_a_state_below_the_threshold_is_not_asserted_but_the_backing_always_is()
     # Above the threshold nothing changes.
     kept = decoding.decode(arrays, dataclasses.replace(COHERENT, state_threshold=0.35))
     assert kept.eff_pred[0, 1, 1, 2, OPEN] == TRUE
-    # The reference decoding ignores the decoding options.
-    reference = decoding.decode(arrays, dataclasses.replace(DecodingConfig(), state_threshold=0.5))
-    assert reference.eff_pred[0, 1, 1, 2, OPEN] == TRUE
+    # Independent decoding ignores the decoding options.
+    independent = decoding.decode(arrays, dataclasses.replace(DecodingConfig(),
+                                                              state_threshold=0.5))
+    assert independent.eff_pred[0, 1, 1, 2, OPEN] == TRUE
 
 
 def test_alias_groups_join_names_inside_one_another():
@@ -321,15 +322,15 @@ def test_every_decoding_option_is_a_config_key_off_by_default():
 
 
 def test_configs_without_the_state_options_read_as_their_defaults():
-    old = {"method": "coherent", "conflict_weight": 0.0, "persistence": True}
+    old = {"method": "coherent", "detector_weight": 0.0, "persistence": True}
     assert DecodingConfig.from_mapping(old) == COHERENT
 
 
 def test_bad_decoding_settings_are_refused():
     with pytest.raises(ValueError, match="decoding.method: unknown value 'joint'"):
         DecodingConfig(method="joint")
-    with pytest.raises(ValueError, match="conflict_weight"):
-        DecodingConfig(method="coherent", conflict_weight=-1)
+    with pytest.raises(ValueError, match="detector_weight"):
+        DecodingConfig(method="coherent", detector_weight=-1)
     with pytest.raises(KeyError, match="persistance"):
         DecodingConfig.from_mapping({"method": "coherent", "persistance": False})
     for key in ("state_threshold", "conflict_state_threshold"):
@@ -381,3 +382,20 @@ def test_an_improbable_contradiction_leaves_the_states_as_the_heads_read_them():
     assert decoded.pre_pred[0, 1, 0, 3, POWER] == 0  # the head's own argmax
     with pytest.raises(ValueError, match="min_flip_probability"):
         DecodingConfig(method="coherent", min_flip_probability=1.0)
+
+
+def test_records_of_the_old_decoding_names_read_under_todays_names():
+    # Issue 45 stage 3 renamed decoding "reference" to "independent" and decoding.conflict_weight
+    # to detector_weight; saved records (results/) keep the old names and read as the new ones.
+    from trip_jax.training.metric_log import current_names
+    old = {"step": 4, "reference/accuracy": 0.5, "coherent/accuracy": 0.75,
+           "decoding": "reference", "loss/total": 1.0,
+           "by_decoding": {"reference": {"correct": True}},
+           "sweep": {"decoding": {"method": "reference", "conflict_weight": 0.0}}}
+    assert current_names([old]) == [{
+        "step": 4, "independent/accuracy": 0.5, "coherent/accuracy": 0.75,
+        "decoding": "independent", "loss/total": 1.0,
+        "by_decoding": {"independent": {"correct": True}},
+        "sweep": {"decoding": {"method": "independent", "detector_weight": 0.0}}}]
+    new = {"independent/accuracy": 0.5, "decoding": "coherent", "scheme": "reference"}
+    assert current_names(new) == new

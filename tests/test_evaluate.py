@@ -84,7 +84,7 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
     markdown = (evaluated / f"test.{BEST}.md").read_text()
     assert "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |" in markdown
     config = tiny_config()
-    name = f"random bert ({config.preset}, seed {config.train.seed})"  # read off the config
+    name = f"random bert ({config.recipe}, seed {config.train.seed})"  # read off the config
     assert report["model"] == name and f"- model: {name}" in markdown
     assert "| random baseline (10 seeds) |" in markdown and f"| {name} |" in markdown
     assert "## Curated and implicit pairs (HAR's marker)" in markdown
@@ -144,8 +144,8 @@ def test_predictions_are_cut_to_each_pairs_stories(workdir, tiny_config):
             shape = (story.num_entities, story.num_sentences)
             assert values["conflict_prob"][k].shape == shape
             assert values["pre_pred"][k].shape == (*shape, schema.NUM_ATTRIBUTES)
-        assert values["story_score"].shape == (2,)
-        assert int(values["story_pred"]) == int(np.argmax(values["story_score"]))
+        assert values["story_logits"].shape == (2,)
+        assert int(values["story_pred"]) == int(np.argmax(values["story_logits"]))
 
 
 def test_other_checkpoint_and_split(workdir, tiny_config):
@@ -263,12 +263,12 @@ def test_a_local_encoder_directory_is_named_by_its_folder(tmp_path, tiny_config)
     encoder = tmp_path / "tiny_bert"
     encoder.mkdir()
     config = tiny_config()
-    config.model.encoder, config.preset, config.train.seed = str(encoder), "coherent", 38
-    assert evaluate.model_name(config) == "tiny_bert (coherent, seed 38)"
+    config.model.encoder, config.recipe, config.train.seed = str(encoder), "tuned", 38
+    assert evaluate.model_name(config) == "tiny_bert (tuned, seed 38)"
     with evaluate.named("my model"):
         assert evaluate.model_name(config) == "my model"
     with evaluate.named(None):
-        assert evaluate.model_name(config) == "tiny_bert (coherent, seed 38)"
+        assert evaluate.model_name(config) == "tiny_bert (tuned, seed 38)"
 
 
 def test_name_flag_names_the_model_in_the_reports(workdir, run_main, tmp_path):

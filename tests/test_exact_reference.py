@@ -1,4 +1,4 @@
-"""The exact reference mode: one test per difference, then the whole step against PyTorch.
+"""The exact fidelity: one test per difference, then the whole step against PyTorch.
 
 A tiny BERT (random weights, a word-level tokenizer built here, every dropout 0) and two small
 pairs: the batch holds the first pair (stories of 2 and 3 entities, 4 and 3 sentences, S = 7);
@@ -35,7 +35,7 @@ from trip_jax.training.optimizers import make_optimizer
 
 S = 7
 CUT = 16
-# The exact mode's layouts: rows cut at CUT tokens, zero token types, E the data's largest.
+# Exact fidelity's layouts: rows cut at CUT tokens, zero token types, E the data's largest.
 EXACT_DATA = dict(max_sentences=S, max_length=CUT, token_types="zeros", entity_padding="data_max")
 LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=64, max_shapes=4, dedup_rows=False,
                                                  **EXACT_DATA),
@@ -49,9 +49,9 @@ EXACT = TieredConfig(embedding_projection=16, state_projection=16,
                      projection_dropout=0.0, detector_input_dropout=0.0, detector_dropout=0.0,
                      conflict_dropout=0.0, detector_padding_mask=False, padding_rows="encoded")
 WEIGHTS = LossConfig(0.4, 0.4, 0.1, 0.1, mask_padding_in_losses=False)  # Table 2 "all"
-# The exact mode's matmul precision ("highest"), for the model; the encoder called alone and the
+# Exact fidelity's matmul precision ("highest"), for the model; the encoder called alone and the
 # other JAX code here compute at it too (conftest), so parity holds on a GPU as on a CPU.
-PRECISION = base.REFERENCE_MODES["exact"]["model.matmul_precision"]
+PRECISION = base.FIDELITIES["exact"]["model.matmul_precision"]
 pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
 
 
@@ -60,7 +60,7 @@ def hf_config():
 
 
 def exact_model(config: TieredConfig = EXACT):
-    """The tiered model of ``config`` around the tiny BERT, at the exact mode's precision."""
+    """The tiered model of ``config`` around the tiny BERT, at exact fidelity's precision."""
     return build_tiered_model(hf_config(), config, max_sentences=S, matmul_precision=PRECISION)
 
 
@@ -227,7 +227,7 @@ def test_the_padding_row_costs_no_second_encoder_pass(model, params, packed):
     assert scans == {"encoded": 2, "zero": 2}  # the encoder's layers and the detector's
 
 
-def test_token_types_are_all_zero_in_exact_mode(tokenizer, encoded, packed):
+def test_token_types_are_all_zero_at_exact_fidelity(tokenizer, encoded, packed):
     assert not any(s.type_ids.any() for p in encoded for s in p.stories)
     assert not packed["token_type_ids"].any()
     segments = features.encode_pairs(story_pairs(), tokenizer, max_sentences=S)
@@ -260,26 +260,26 @@ def test_the_16_token_cut_is_reported(tokenizer, caplog):
 
 def test_one_switch_sets_every_piece_and_the_defaults_per_config():
     for module in (roberta, bert, deberta):
-        assert base.reference_mode(module.get_config()) == "exact"
-        assert base.reference_mode(module.get_config("clean")) == "clean"
-        config = module.get_config("all")  # a loss preset alone keeps the default mode
-        assert base.reference_mode(config) == "exact" and config.loss.story_weight == 0.1
+        assert base.fidelity_of(module.get_config()) == "exact"
+        assert base.fidelity_of(module.get_config("fidelity=clean")) == "clean"
+        config = module.get_config("losses=all")  # losses alone keep the default fidelity
+        assert base.fidelity_of(config) == "exact" and config.loss.story_weight == 0.1
     for module in (minilm, tiny):
-        assert base.reference_mode(module.get_config()) == "clean"
-        config = module.get_config("omit_states,exact")
-        assert base.reference_mode(config) == "exact" and config.loss.pre_weight == 0.0
+        assert base.fidelity_of(module.get_config()) == "clean"
+        config = module.get_config("losses=omit_states,fidelity=exact")
+        assert base.fidelity_of(config) == "exact" and config.loss.pre_weight == 0.0
     exact = roberta.get_config()
     assert (exact.model.tiered.padding_rows, exact.model.tiered.detector_padding_mask,
             exact.loss.mask_padding_in_losses, exact.data.entity_padding, exact.data.token_types,
             exact.train.optimizer, exact.data.max_length) == (
         "encoded", False, False, "data_max", "zeros", "hf_adamw", 16)
     assert exact.model.matmul_precision == "highest" and exact.model.dtype == "float32"
-    assert roberta.get_config("clean").model.matmul_precision == "default"
+    assert roberta.get_config("fidelity=clean").model.matmul_precision == "default"
     exact.data.token_types = "segments"  # one difference alone
-    assert base.reference_mode(exact) == "mixed"
+    assert base.fidelity_of(exact) == "mixed"
     assert deberta.get_config().model.tiered.padding_row_attention == "masked"
-    with pytest.raises(ValueError, match="two modes"):
-        roberta.get_config("exact,clean")
+    with pytest.raises(ValueError, match="names fidelity twice"):
+        roberta.get_config("fidelity=exact,fidelity=clean")
 
 
 # ------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def test_exact_forward_matches_the_pytorch_reference(both_steps, packed):
         for a, n in enumerate(num_classes):  # every cell, padding cells included
             np.testing.assert_allclose(np.asarray(outputs[side])[..., a, :n],
                                        got[side][a].numpy(), atol=1e-4, rtol=1e-4)
-    for key in ("conflict_logits", "conflict_prob", "story_score"):
+    for key in ("conflict_logits", "conflict_prob", "story_logits"):
         np.testing.assert_allclose(outputs[key], got[key].numpy(), atol=1e-4, rtol=1e-4)
     for key in ("pre", "eff", "conflict", "story", "total"):
         np.testing.assert_allclose(parts[key], want[key].numpy(), atol=1e-4, rtol=1e-4)
@@ -358,7 +358,7 @@ def test_real_rows_layout_of_the_reference_equals_the_padded_one(encoded, torch_
         padded = torch_model.forward_padded(
             **ref.padded_inputs(dense, pad_id=encoded[0].pad_id, seq_len=CUT))
         rows = torch_model.forward_rows(**ref.row_inputs(dense))
-    for key in ("conflict_logits", "conflict_prob", "story_score"):
+    for key in ("conflict_logits", "conflict_prob", "story_logits"):
         np.testing.assert_allclose(rows[key].numpy(), padded[key].numpy(), atol=1e-5)
     for a in range(len(schema.NUM_CLASSES)):
         np.testing.assert_allclose(rows["pre_logits"][a].numpy(),

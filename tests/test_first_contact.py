@@ -266,7 +266,7 @@ def decoding_metrics():
     import test_reports
 
     scores, _ = test_reports.scored()
-    tiers = {f"{method}/{tier}": scores[tier] for method in ("reference", "coherent")
+    tiers = {f"{method}/{tier}": scores[tier] for method in ("independent", "coherent")
              for tier in ("accuracy", "consistency", "verifiability")}
     return {**scores, **tiers, "decoding": "coherent"}
 
@@ -274,15 +274,15 @@ def decoding_metrics():
 def test_reports_mark_a_story_choice_no_loss_trained():
     metrics = decoding_metrics()
     untrained = reports.markdown_summary("test", metrics, {"story_loss_weight": 0.0})
-    assert "| reference (story choice untrained) |" in untrained
+    assert "| independent (story choice untrained) |" in untrained
     assert "| coherent |" in untrained
     assert "story loss weight 0" in untrained
-    headline = reports.markdown_summary("test", {**metrics, "decoding": "reference"},
+    headline = reports.markdown_summary("test", {**metrics, "decoding": "independent"},
                                         {"story_loss_weight": 0.0})
     assert "untrained" not in headline  # the paper's own omit_story reading
     for metadata in ({"story_loss_weight": 0.05}, {}):  # trained, or unknown (a scored file)
         text = reports.markdown_summary("test", metrics, metadata)
-        assert "untrained" not in text and "| reference |" in text
+        assert "untrained" not in text and "| independent |" in text
 
 
 def flip(path):
@@ -306,10 +306,10 @@ def damaged_workdir(trained_workdir, tmp_path_factory):
 def test_a_headline_decoding_is_not_marked_in_a_run_report(trained_workdir):
     config = json.loads((trained_workdir / "config.json").read_text())
     assert config["loss"]["story_weight"] == 0  # tiny.py's default loss preset, omit_story
-    # tiny.py decodes with "reference", as the paper's omit_story model did: its headline row
+    # tiny.py decodes with "independent", as the paper's omit_story model did: its headline row
     # is not marked (test_coherent covers the mark beside a coherent headline).
     report = (trained_workdir / "reports" / "test.md").read_text()
-    assert "untrained" not in report and "| reference |" in report
+    assert "untrained" not in report and "| independent |" in report
 
 
 def test_a_damaged_checkpoint_is_one_line_without_tensorstore(damaged_workdir, caplog):

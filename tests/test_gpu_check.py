@@ -42,7 +42,7 @@ def test_grid_is_the_reference_then_the_paper_config_then_large_bf16():
     keys = [key for key, _ in itertools.groupby(map(gpu_check.group_key, grid.cases))]
     assert len(keys) == len(set(keys)) == 3
     exact = cases.model_config("large_exact", dtype=paper.dtype)
-    assert base.reference_mode(exact) == "exact" and exact.model.dtype == "float32"
+    assert base.fidelity_of(exact) == "exact" and exact.model.dtype == "float32"
     assert exact.model.random_encoder == cases.model_config("large").model.random_encoder
     large = cases.model_config("large")
     assert large.model.dtype == "bfloat16"

@@ -27,7 +27,7 @@ def make_case(seed: int = 0):
     conflict_prob = (1 / (1 + np.exp(-conflict_logits))) * row_mask
     outputs = dict(pre_logits=logits[0], eff_logits=logits[1],
                    conflict_logits=conflict_logits, conflict_prob=conflict_prob,
-                   story_score=-conflict_prob.sum((2, 3)) / 2)
+                   story_logits=-conflict_prob.sum((2, 3)) / 2)
     batch = dict(row_mask=row_mask, pair_mask=np.ones(B, bool),
                  pre_label=labels[0] * row_mask[..., None],
                  eff_label=labels[1] * row_mask[..., None],
@@ -52,7 +52,7 @@ def hand_components(outputs, batch, rows):
     y = batch["conflict_label"]
     bce = -(y * np.log(p) + (1 - y) * np.log(1 - p))
     bce[~batch["row_mask"]] = 0.0  # belief 0 and label 0: zero loss
-    score = np.asarray(outputs["story_score"], np.float64)
+    score = np.asarray(outputs["story_logits"], np.float64)
     log_probs = score - np.log(np.exp(score).sum(-1, keepdims=True))
     return dict(
         pre=hand_state_loss(outputs["pre_logits"], batch["pre_label"], rows),

@@ -3,7 +3,7 @@
 The encoder directories ``benchmarks.paper_encoders`` writes load through the real
 conversion path with the published widths; the harness pads entities as training does and
 finds an epoch's largest batch; the device memory estimate follows its formula; the grid
-holds the paper configs in exact mode. benchmarks/README.md, "The paper configs at their real
+holds the paper configs at exact fidelity. benchmarks/README.md, "The paper configs at their real
 size", has the full-size results.
 """
 
@@ -71,7 +71,7 @@ def test_paper_models_are_the_paper_configs_around_a_local_encoder(monkeypatch, 
     assert written == [(name, 2)]
     assert config.model.encoder == f"/enc/{name}"
     assert config.model.tokenizer == cases.stand_in_tokenizer(name)
-    assert base.reference_mode(config) == "exact"
+    assert base.fidelity_of(config) == "exact"
     assert config.train.learning_rate == paper.train.learning_rate
     assert config.model.tiered == paper.model.tiered
     cases.model_config(name)

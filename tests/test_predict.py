@@ -125,7 +125,7 @@ def test_predict_answers_good_lines_and_reports_bad_ones(workdir, tmp_path, caps
         assert answer["plausible_story"] == 1 - k
         assert c["evidence"] < c["breakpoint"] < len(answer["stories"][k])
         assert c["breakpoint_sentence"] == answer["stories"][k][c["breakpoint"]]
-        assert len(answer["story_scores"]) == 2
+        assert len(answer["story_logits"]) == 2
         assert all(s["entity"] in answer["entities"][k] for s in answer["states"])
         assert f"[{answer['id']}] {answer['text']}" in out
     assert "wrote 2 answer(s) and 2 skipped line(s)" in out

@@ -32,7 +32,7 @@ OPTIONS = {
     "default": {},
     "encoded_unmasked": dict(padding_rows="encoded", detector_padding_mask=False),
 }
-FLOAT_KEYS = ("pre_logits", "eff_logits", "conflict_logits", "conflict_prob", "story_score")
+FLOAT_KEYS = ("pre_logits", "eff_logits", "conflict_logits", "conflict_prob", "story_logits")
 PRED_KEYS = ("pre_pred", "eff_pred", "story_pred")
 COMMON = dict(max_sentences=S, max_length=None, token_types="segments", entity_padding="bucket")
 LAYOUTS = {"packed_tokens": layouts.PackedTokens(pack_length=64, max_shapes=1, dedup_rows=False,
@@ -147,7 +147,7 @@ def test_heads_and_detector_see_only_real_rows_and_tracks(encoded, batches, para
     assert batch["track_index"].size + 1 < batch["row_mask"].size // S
 
 
-def test_training_mode_and_parameters(encoded, batches, params):
+def test_training_and_parameters(encoded, batches, params):
     batch = batches["packed_tokens"]
     real = make_model(encoded[1], cells="real")
     grid = make_model(encoded[1])

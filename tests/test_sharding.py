@@ -120,7 +120,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     two = eval_step(state.params, input_pipeline.global_batch(dense_local, mesh))
     dense_diff = max(float(np.max(np.abs(np.asarray(one[k], np.float64) -
                                                np.asarray(two[k], np.float64))))
-                           for k in ("conflict_prob", "story_score", "pre_pred", "eff_pred"))
+                           for k in ("conflict_prob", "story_logits", "pre_pred", "eff_pred"))
 
     # Save the FSDP parameters (sharded over 8 devices) as a best checkpoint and restore them
     # for evaluation on one device.

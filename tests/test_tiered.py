@@ -109,7 +109,7 @@ def test_output_shapes_and_dtypes(outputs):
         "eff_pred": ((B, 2, E, S, 20), jnp.int32),
         "conflict_logits": ((B, 2, E, S), jnp.float32),
         "conflict_prob": ((B, 2, E, S), jnp.float32),
-        "story_score": ((B, 2), jnp.float32),
+        "story_logits": ((B, 2), jnp.float32),
         "story_pred": ((B,), jnp.int32),
     }
     assert set(outputs) == set(expected)
@@ -129,7 +129,7 @@ def test_padding_rows_are_zero_and_story_choice_follows_beliefs(outputs, packed)
     assert not prob[pad].any()
     assert (prob[~pad] > 0).all() and (prob[~pad] < 1).all()
     score = -prob.sum(axis=(2, 3)) / 2
-    np.testing.assert_allclose(outputs["story_score"], score, rtol=1e-6)
+    np.testing.assert_allclose(outputs["story_logits"], score, rtol=1e-6)
     np.testing.assert_array_equal(outputs["story_pred"], score.argmax(-1))
 
 
@@ -162,7 +162,7 @@ def test_padding_entities_and_pairs_change_neither_outputs_nor_loss(encoded, pac
     for key in ("pre_logits", "pre_pred", "eff_pred", "conflict_prob"):
         np.testing.assert_allclose(out_padded[key][:2, :, :E], outputs[key],
                                    rtol=1e-5, atol=1e-5, err_msg=key)
-    np.testing.assert_allclose(out_padded["story_score"][:2], outputs["story_score"], rtol=1e-5)
+    np.testing.assert_allclose(out_padded["story_logits"][:2], outputs["story_logits"], rtol=1e-5)
     parts = tiered_loss(outputs, packed, WEIGHTS)[1]
     parts_padded = tiered_loss(out_padded, padded, WEIGHTS)[1]
     for key in parts:

@@ -298,11 +298,11 @@ def test_misspelt_config_override_is_an_error(tmp_path, repo):
 
 
 def test_loss_preset_argument_and_overrides():
-    config = tiny.get_config("omit_states")
+    config = tiny.get_config("losses=omit_states")
     assert (config.loss.pre_weight, config.loss.eff_weight, config.loss.conflict_weight,
             config.loss.story_weight) == (0.0, 0.0, 0.5, 0.5)
-    with pytest.raises(ValueError, match="unknown loss preset"):
-        tiny.get_config("no_such_preset")
+    with pytest.raises(ValueError, match="unknown losses 'no_such_preset'"):
+        tiny.get_config("losses=no_such_preset")
 
 
 def test_dense_layout_scores_a_checkpoint_like_packed_tokens(tiny_config, full_run):

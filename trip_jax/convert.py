@@ -54,16 +54,16 @@ def check_workdir(workdir: str) -> None:
 
 
 def _config(argument: str | None, model: authors_model.AuthorsModel, encoder: str):
-    """The run's typed config: the config file, in the exact mode, with the pickle's model
+    """The run's typed config: the config file, at exact fidelity, with the pickle's model
     keys (``trip_jax.config.typed``: ConfigError for a value the schema refuses)."""
     from trip_jax.config.typed import typed
 
     argument = argument or f"configs/{model.model_type}.py"
     config = cli.load_config_file(argument)
     base = importlib.import_module("configs.base")  # importable: the config file just used it
-    if base.reference_mode(config) != "exact" or config.decoding.method != "reference":
-        raise ConvertError(f"--config={argument} is not the exact reference mode with the "
-                           "reference decoding, which the authors' model computes")
+    if base.fidelity_of(config) != "exact" or config.decoding.method != "independent":
+        raise ConvertError(f"--config={argument} is not exact fidelity with independent "
+                           "decoding, which the authors' model computes")
     config.model.encoder = encoder
     config.model.tokenizer = ""
     config.model.tiered.update(model.tiered)

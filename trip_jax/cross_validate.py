@@ -22,7 +22,7 @@ from trip_jax.data import input_pipeline
 from trip_jax.evaluation import cv_summary, decoding, evaluate, metrics
 from trip_jax.runtime import paths
 from trip_jax.training import checkpoints
-from trip_jax.training.metric_log import METRICS_FILE
+from trip_jax.training.metric_log import METRICS_FILE, current_names, read_metrics
 
 FOLD_DIR = "fold{fold}"
 SWEEP_FILE = "sweep.json"
@@ -96,7 +96,7 @@ def _read_sweep(path: epath.Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        held = json.loads(path.read_text())
+        held = current_names(json.loads(path.read_text()))
         if not all({"decoding", "scores"} <= set(v) for v in held.values()):
             raise ValueError("a record lacks decoding or scores")
     except (ValueError, AttributeError, TypeError) as err:
@@ -115,7 +115,7 @@ def _decode_fold(fold_dir: epath.Path, decodings: dict[str, dict[str, Any]]) -> 
     out = {}
     for label, keys in decodings.items():
         config = decoding.DecodingConfig(**keys)
-        scores, _, outcomes = evaluate.decoded_scores(arrays, config)
+        scores, _, outcomes = evaluate.decoded_metrics(arrays, config)
         chosen = outcomes[config.method]  # the swept key may be the method itself
         records = [{"pair_id": splits.selection[int(i)].pair_id,
                     **metrics.outcome_record(chosen, n)}
@@ -138,7 +138,7 @@ def summarise_folds(workdir: epath.PathLike, folds: int, labels: list[str] | Non
     done = [f for f in range(last + 1) if finished(fold_workdir(workdir, f))]
     if not done:
         raise checkpoints.CheckpointError(f"no fold of {workdir} has finished")
-    logs = {f: paths.read_jsonl(fold_workdir(workdir, f) / METRICS_FILE) for f in done}
+    logs = {f: read_metrics(fold_workdir(workdir, f) / METRICS_FILE) for f in done}
     summary = cv_summary.summarise(logs)
     title = f"{epath.Path(workdir).name}, folds {done} of {folds}"
     final = summary["epochs"][max(summary["epochs"])]

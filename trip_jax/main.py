@@ -83,8 +83,8 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     flags.DEFINE_enum("mode", "train", list(MODES), "What to do with the config and workdir.",
                       flag_values=values)
     config_flags.DEFINE_config_file(
-        "config", None, "A config file (configs/*.py[:loss_preset]).", flag_values=values,
-        lock_config=True, sys_argv=sys_argv)
+        "config", None, "A config file (configs/*.py[:fidelity=F,recipe=R,losses=L]).",
+        flag_values=values, lock_config=True, sys_argv=sys_argv)
     flags.DEFINE_string("checkpoint", checkpoints.SELECTED,
                         "evaluate/predict: the checkpoint to use: selected, best_accuracy, "
                         "latest or a step number.",

@@ -23,6 +23,7 @@ from trip_jax.config import migrate
 from trip_jax.data import readers
 from trip_jax.evaluation.metrics import TIER_METRICS
 from trip_jax.evaluation.reports import pct
+from trip_jax.training import metric_log
 
 STATE_F1: tuple[str, ...] = ("precondition_f1", "effect_f1")
 
@@ -37,21 +38,21 @@ def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, 
     for path in (report_path, log_path):
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing: is {run} a finished training run?")
-    report = json.loads(report_path.read_text())
+    report = metric_log.current_names(json.loads(report_path.read_text()))
     scores = report["metrics"]
-    log = paths.read_jsonl(log_path)
+    log = metric_log.read_metrics(log_path)
     config_path = run / "config.json"
     seed = (migrate.read_key(json.loads(config_path.read_text()), "train.seed", str(config_path))
             if config_path.exists() else None)
     methods = sorted({k.split("/")[0] for k in scores if k.endswith("/accuracy")}) or [
-        scores.get("decoding", "reference")]
+        scores.get("decoding", "independent")]
     test = {m: {t: scores.get(f"{m}/{t}", scores[t]) for t in TIER_METRICS} for m in methods}
     step = report.get("checkpoint_step")
     held_out = next((r for r in log if r["step"] == step and "verifiability" in r
                      and r["split"] != "test"), {})
     return {
         "run": run.name, "seed": seed,
-        "decoding": scores.get("decoding", "reference"), "step": step,
+        "decoding": scores.get("decoding", "independent"), "step": step,
         "epoch": report.get("epoch"),
         "test": test, **{k: scores[k] for k in STATE_F1},
         "held_out": {t: held_out.get(t) for t in TIER_METRICS},
@@ -71,7 +72,7 @@ def marker_split(reports_dir: epath.Path, data_dir: str | None) -> dict[str, Any
     ids, path = None, curated.marker_path(data_dir, "test")
     if os.path.isfile(path):
         ids, path = curated.curated_ids(readers.load_split(data_dir, "test"), data_dir, "test")
-    records = paths.read_jsonl(predictions)
+    records = metric_log.current_names(paths.read_jsonl(predictions))
     return curated.marker_split(records, ids, os.path.basename(path))
 
 

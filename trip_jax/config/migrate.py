@@ -23,6 +23,8 @@ class Step:
     """What changed from one config version to the next (module docstring)."""
 
     renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # {key (its new name): {old value: new value}}: a value renamed, applied after ``renamed``.
+    revalued: Mapping[str, Mapping[Any, Any]] = dataclasses.field(default_factory=dict)
     removed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dropped: tuple[str, ...] = ()
     added: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -56,8 +58,14 @@ STEPS: dict[int, Step] = {
     4: Step(added={"cv.sweep": ""}),
     # Issue 42: matmul precision became a key; runs before it computed at JAX's default.
     5: Step(added={"model.matmul_precision": "default"}),
-    # Issue 42: the encoder's scan unrolled or not (the same values; rolled before).
-    6: Step(added={"model.unroll_encoder": False}),
+    # Issue 45 stage 3, one word one meaning (docs/reference.md, "Renames"): the model preset
+    # became the recipe (reference -> paper, coherent -> tuned), decoding "reference" became
+    # "independent", and the detector's weight in coherent decoding got its own name. Issue 42:
+    # the encoder's scan unrolled or not (the same values; rolled before).
+    6: Step(renamed={"preset": "recipe", "decoding.conflict_weight": "decoding.detector_weight"},
+            revalued={"recipe": {"reference": "paper", "coherent": "tuned"},
+                      "decoding.method": {"reference": "independent"}},
+            added={"model.unroll_encoder": False}),
 }
 
 
@@ -93,7 +101,7 @@ def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: config_version {version!r} is not one this trip_jax reads "
                           f"(0 to {CONFIG_VERSION}); use the trip_jax that wrote it")
     for step in (STEPS[v] for v in range(version, CONFIG_VERSION)):
-        _rename(flat, step)
+        apply_renames(flat, step)
         for key, kept in step.removed.items():
             if key in flat and flat.pop(key) != kept:
                 raise ConfigError(f"{where}: {key}={values_of(values, key)!r} was removed; only "
@@ -125,17 +133,21 @@ def read_key(values: Mapping[str, Any], dotted: str, where: str) -> Any:
     flat = flatten(values)
     version = flat.get("config_version", 0)
     for step in (STEPS[v] for v in range(version, CONFIG_VERSION)):
-        _rename(flat, step)
+        apply_renames(flat, step)
     if dotted not in flat:
         raise ConfigError(f"{where}: config key {dotted} is missing (config_version {version})")
     return flat[dotted]
 
 
-def _rename(flat: dict[str, Any], step: Step) -> None:
-    """Moves the keys ``step`` renamed to their new names, in place."""
+def apply_renames(flat: dict[str, Any], step: Step) -> None:
+    """Moves the keys ``step`` renamed to their new names and renames the values it renamed,
+    in place."""
     for old, new in step.renamed.items():
         if old in flat:
             flat[new] = flat.pop(old)
+    for key, names in step.revalued.items():
+        if key in flat and isinstance(flat[key], str) and flat[key] in names:
+            flat[key] = names[flat[key]]
 
 
 def values_of(values: Mapping[str, Any], dotted: str) -> Any:

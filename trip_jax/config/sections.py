@@ -34,7 +34,7 @@ Optimizer = Literal["adamw", "hf_adamw"]
 Schedule = Literal["constant", "warmup_linear", "warmup_cosine"]
 Selection = Literal["verifiability", "smoothed"]
 PrngImpl = Literal["threefry2x32", "rbg", "unsafe_rbg"]
-DecodingMethod = Literal["reference", "coherent"]
+DecodingMethod = Literal["independent", "coherent"]
 
 # The checkpoint names of a workdir (trip_jax/training/checkpoints.py KINDS) or a step number.
 CHECKPOINT_KINDS = ("latest", "selected", "best_accuracy")
@@ -176,7 +176,7 @@ class ModelConfig(Section):
     matmul_precision: MatmulPrecision = option(
         "default", "precision of every matmul of the model, forward and backward: 'default' "
         "the device's fastest (TF32 on NVIDIA GPUs, bfloat16 passes on TPU), 'highest' full "
-        "float32 (the exact mode's); docs/reference.md")
+        "float32 (exact fidelity's); docs/reference.md")
     tiered: TieredConfig = option(TieredConfig(), "the tiered architecture")
 
 
@@ -248,9 +248,9 @@ class DecodingConfig(Section):
 
     SECTION = "decoding"
     method: DecodingMethod = option(
-        "reference", "reference: each tier on its own (the paper's); coherent: story, "
+        "independent", "independent: each tier on its own (the paper's); coherent: story, "
         "conflicting pair and backing states decoded jointly")
-    conflict_weight: float = option(0.0, "weight of the detector's log-beliefs", NON_NEGATIVE)
+    detector_weight: float = option(0.0, "weight of the detector's log-beliefs", NON_NEGATIVE)
     persistence: bool = option(True, "no effect in between may undo the evidence")
     state_threshold: float = option(0.0, "a state needs this probability (0: every argmax)",
                                     interval("[0, 1)"))
@@ -295,8 +295,8 @@ class Config(Section):
     decoding: DecodingConfig = option(DecodingConfig(), "decoding")
     cv: CrossValidationConfig = option(CrossValidationConfig(), "cross-validation")
     mesh: MeshConfig = option(MeshConfig(), "mesh")
-    preset: str = option("reference", "the model preset the config argument chose "
-                         "(configs/base.py PRESETS)")
+    recipe: str = option("paper", "the recipe the config argument chose (configs/base.py "
+                         "RECIPES)")
     config_version: int = option(CONFIG_VERSION, "the schema version the config was written "
                                  "with", Rule(lambda v: v == CONFIG_VERSION, str(CONFIG_VERSION)))
 

@@ -60,12 +60,12 @@ OUTPUT_FIELDS: tuple[Field, ...] = (
     Field("conflict_logits", ("B", "2", "E", "S"), "float", "conflict logits (pre-sigmoid)"),
     Field("conflict_prob", ("B", "2", "E", "S"), "float", "conflict beliefs, 0 on padding "
           "cells; >= 0.5 counts as a predicted conflicting sentence"),
-    Field("story_score", ("B", "2"), "float", "plausibility score of each story"),
+    Field("story_logits", ("B", "2"), "float", "plausibility logit of each story"),
     Field("story_pred", ("B",), "int32", "index of the story predicted plausible"),
 )
 # Outputs an evaluation needs on the host (the logits stay on device).
 PREDICTION_KEYS: tuple[str, ...] = ("pre_pred", "eff_pred", "conflict_prob", "story_pred",
-                                    "story_score")
+                                    "story_logits")
 # The logits decoding reads beyond the predictions (coherent decoding; the eval step returns
 # them).
 LOGIT_KEYS: tuple[str, ...] = ("pre_logits", "eff_logits", "conflict_logits")

@@ -29,7 +29,7 @@ TABLE_METRICS = ("accuracy", "consistency", "verifiability", "consistency+verifi
 
 def held_out_by_epoch(records: Sequence[Mapping[str, Any]]) -> dict[float, dict[str, float]]:
     """{epoch: the numeric metrics of the held-out evaluation at that epoch} of one fold's log;
-    "consistency+verifiability" added (the sum the preset's choices are judged by)."""
+    "consistency+verifiability" added (the sum the recipe's choices are judged by)."""
     out = {}
     for record in records:
         if record.get("split") != HELD_OUT:

@@ -1,4 +1,4 @@
-"""Reading the model's outputs as a prediction: the reference decoding and coherent decoding.
+"""Reading the model's outputs as a prediction: independent decoding and coherent decoding.
 
 Pure numpy. ``decode(arrays, config)`` takes the eval step's outputs of N pairs and returns what
 the metrics score: ``story_pred``, ``conflict_prob``, ``pre_pred`` and ``eff_pred``.
@@ -18,9 +18,9 @@ from trip_jax.data import batch_contract, schema
 from trip_jax.config.sections import DecodingConfig, DecodingMethod, choices_of
 
 DECODINGS: tuple[str, ...] = choices_of(DecodingMethod)  # decoding.method
-# Decodings that choose the story by the model's story scores (-sum of conflict beliefs / 2),
+# Decodings that choose the story by the model's story logits (-sum of conflict beliefs / 2),
 # which only the story loss trains for that purpose: untrained under a story loss weight of 0.
-READS_STORY_SCORE: tuple[str, ...] = ("reference",)
+READS_STORY_LOGITS: tuple[str, ...] = ("independent",)
 # int [N, 2, E]: each entity's alias group (``alias_groups``), added by the evaluator; read by
 # coherent decoding with ``alias_states``.
 ALIAS_KEY = "entity_alias"
@@ -36,7 +36,7 @@ DIRECTIONS: tuple[tuple[int, int], ...] = ((FALSE, TRUE), (TRUE, FALSE))
 @dataclasses.dataclass(frozen=True)
 class Contradiction:
     """A backed contradiction: story k, entity e, attribute a, sentences i < j, with the effect
-    class at i, the precondition class at j and the log-score."""
+    class at i, the precondition class at j and its log-probability."""
 
     story: int
     entity: int
@@ -45,7 +45,7 @@ class Contradiction:
     breakpoint: int
     effect: int
     precondition: int
-    score: float
+    log_prob: float
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, with the attribute's name and the two values in words."""
@@ -55,7 +55,7 @@ class Contradiction:
                 "effect": self.effect, "effect_value": schema.label_name(name, self.effect),
                 "precondition": self.precondition,
                 "precondition_value": schema.label_name(name, self.precondition),
-                "score": self.score}
+                "log_prob": self.log_prob}
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -70,10 +70,10 @@ def _log_sigmoid(x: np.ndarray) -> np.ndarray:
     return -np.logaddexp(0.0, -np.asarray(x, dtype=np.float64))
 
 
-def contradiction_scores(pre: np.ndarray, eff: np.ndarray,
+def contradiction_log_probs(pre: np.ndarray, eff: np.ndarray,
                          conflict_logits: np.ndarray, row_mask: np.ndarray,
                          config: DecodingConfig) -> np.ndarray:
-    """Scores of every candidate contradiction of one story.
+    """Log-probabilities of every candidate contradiction of one story.
 
     ``pre``/``eff`` [E, S, B, C] log-probabilities of the ``BINARY_ATTRIBUTES``,
     ``conflict_logits`` [E, S], ``row_mask`` bool [E, S]. Returns [E, S(i), S(j),
@@ -81,7 +81,7 @@ def contradiction_scores(pre: np.ndarray, eff: np.ndarray,
     """
     eff_v = np.stack([eff[..., v] for v, _ in DIRECTIONS], axis=-1)  # [E, S, B, 2]
     pre_w = np.stack([pre[..., w] for _, w in DIRECTIONS], axis=-1)
-    score = eff_v[:, :, None] + pre_w[:, None, :]  # [E, i, j, B, 2]
+    log_prob = eff_v[:, :, None] + pre_w[:, None, :]  # [E, i, j, B, 2]
     if config.persistence:
         # log(1 - P(eff_m = w)): sentence m does not set the attribute to the later value.
         undo = np.stack([np.exp(eff[..., w]) for _, w in DIRECTIONS], axis=-1)
@@ -90,39 +90,39 @@ def contradiction_scores(pre: np.ndarray, eff: np.ndarray,
         # sum over i < m < j = cumulative[j - 1] - cumulative[i] (0 when j = i + 1)
         before_j = np.concatenate([np.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], axis=1)
         between = before_j[:, None, :] - cumulative[:, :, None]
-        score = score + between
-    if config.conflict_weight:
+        log_prob = log_prob + between
+    if config.detector_weight:
         belief = _log_sigmoid(conflict_logits)  # [E, S]
-        score = score + config.conflict_weight * (
+        log_prob = log_prob + config.detector_weight * (
             belief[:, :, None] + belief[:, None, :])[..., None, None]
     num_sentences = row_mask.shape[1]
     later = np.triu(np.ones((num_sentences, num_sentences), bool), k=1)  # [i, j]: i < j
     valid = later[None] & row_mask[:, :, None] & row_mask[:, None, :]
-    return np.where(valid[..., None, None], score, -np.inf)
+    return np.where(valid[..., None, None], log_prob, -np.inf)
 
 
-def story_evidence(scores: np.ndarray) -> float:
-    """log of the summed probability of a story's backed contradictions (``contradiction_scores``
+def story_evidence(log_probs: np.ndarray) -> float:
+    """log of the summed probability of a story's backed contradictions (``contradiction_log_probs``
     of the story); -inf when it has none."""
-    finite = scores[np.isfinite(scores)]
+    finite = log_probs[np.isfinite(log_probs)]
     if not finite.size:
         return -np.inf
     top = finite.max()
     return float(top + np.log(np.exp(finite - top).sum()))
 
 
-def best_contradiction(scores: np.ndarray, story: int) -> Contradiction | None:
-    """The first highest-scoring candidate of ``contradiction_scores`` (C order: entity, i, j,
+def best_contradiction(log_probs: np.ndarray, story: int) -> Contradiction | None:
+    """The first most probable candidate of ``contradiction_log_probs`` (C order: entity, i, j,
     attribute, direction); None when the story has none."""
-    flat = int(np.argmax(scores))
-    score = float(scores.flat[flat])
-    if not np.isfinite(score):
+    flat = int(np.argmax(log_probs))
+    log_prob = float(log_probs.flat[flat])
+    if not np.isfinite(log_prob):
         return None
-    e, i, j, b, d = np.unravel_index(flat, scores.shape)
+    e, i, j, b, d = np.unravel_index(flat, log_probs.shape)
     effect, precondition = DIRECTIONS[int(d)]
     return Contradiction(story=story, entity=int(e), attribute=int(BINARY_ATTRIBUTES[b]),
                          evidence=int(i), breakpoint=int(j), effect=effect,
-                         precondition=precondition, score=score)
+                         precondition=precondition, log_prob=log_prob)
 
 
 def coherent_pair(outputs: Mapping[str, np.ndarray], config: DecodingConfig
@@ -133,14 +133,14 @@ def coherent_pair(outputs: Mapping[str, np.ndarray], config: DecodingConfig
     # Only the binary attributes can back a contradiction.
     pre, eff = (log_softmax(np.asarray(outputs[key])[..., BINARY_ATTRIBUTES, :])
                 for key in ("pre_logits", "eff_logits"))
-    scores = [contradiction_scores(pre[k], eff[k], outputs["conflict_logits"][k], mask[k], config)
-              for k in (0, 1)]
-    evidence = [story_evidence(s) for s in scores]
+    log_probs = [contradiction_log_probs(pre[k], eff[k], outputs["conflict_logits"][k], mask[k],
+                                         config) for k in (0, 1)]
+    evidence = [story_evidence(s) for s in log_probs]
     if evidence[0] == evidence[1]:
         plausible = int(outputs["story_pred"])
     else:
         plausible = int(evidence[0] > evidence[1])  # the implausible story has more evidence
-    return plausible, best_contradiction(scores[1 - plausible], 1 - plausible)
+    return plausible, best_contradiction(log_probs[1 - plausible], 1 - plausible)
 
 
 def alias_groups(names: Sequence[str]) -> np.ndarray:
@@ -225,13 +225,16 @@ def apply_contradiction(pre_pred: np.ndarray, eff_pred: np.ndarray, row_mask: np
 def backs(found: Contradiction, config: DecodingConfig) -> bool:
     """Whether the contradiction's two states are written into the decoded states: its
     probability is at least ``min_flip_probability``."""
-    return found.score >= np.log(config.min_flip_probability) if config.min_flip_probability else True
+    if not config.min_flip_probability:
+        return True
+    return found.log_prob >= np.log(config.min_flip_probability)
 
 
 @dataclasses.dataclass
 class Decoded:
     """The predictions of N pairs under one decoding; ``contradictions`` holds each pair's
-    backing contradiction (coherent decoding; None where a story had none, and for reference)."""
+    backing contradiction (coherent decoding; None where a story had none, and in independent
+    decoding)."""
 
     story_pred: np.ndarray
     conflict_prob: np.ndarray
@@ -246,9 +249,10 @@ class Decoded:
 
 
 def decode(arrays: Mapping[str, np.ndarray], config: DecodingConfig) -> Decoded:
-    """Decodes N pairs' eval-step outputs (pair axis first; the reference predictions, the
-    ``batch_contract.LOGIT_KEYS`` for coherent decoding, and ``row_mask``) with ``config.method``."""
-    if config.method == "reference":
+    """Decodes N pairs' eval-step outputs (pair axis first; the model's own predictions, the
+    ``batch_contract.LOGIT_KEYS`` for coherent decoding, and ``row_mask``) with
+    ``config.method``."""
+    if config.method == "independent":
         return Decoded(np.asarray(arrays["story_pred"]), np.asarray(arrays["conflict_prob"]),
                        np.asarray(arrays["pre_pred"]), np.asarray(arrays["eff_pred"]),
                        [None] * len(arrays["story_pred"]))

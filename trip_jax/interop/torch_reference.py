@@ -1,8 +1,8 @@
-"""The reference training step in eager PyTorch, written from its semantics (docs/exact-mode.md).
+"""The reference training step in eager PyTorch, written from its semantics (docs/fidelity.md).
 
 A baseline for parity (tests/test_exact_reference.py) and speed (benchmarks/torch_speed.py);
 needs torch, and nothing else in trip_jax imports it.
-Details: docs/exact-mode.md#the-pytorch-reference-and-the-parity-test.
+Details: docs/fidelity.md#the-pytorch-reference-and-the-parity-test.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class ReferenceModel(nn.Module):
             "eff_logits": [z.reshape(*grid, -1) for z in eff],
             "conflict_logits": conflict_logits,
             "conflict_prob": conflict_prob,
-            "story_score": -conflict_prob.sum(dim=(2, 3)) / 2,
+            "story_logits": -conflict_prob.sum(dim=(2, 3)) / 2,
         }
 
 
@@ -178,7 +178,7 @@ def reference_losses(outputs: Mapping, labels: Mapping[str, torch.Tensor],
         "pre": states(outputs["pre_logits"], labels["pre_label"]),
         "eff": states(outputs["eff_logits"], labels["eff_label"]),
         "conflict": nn.BCELoss()(outputs["conflict_prob"], labels["conflict_label"].float()),
-        "story": ce(outputs["story_score"], labels["story_label"].long()),
+        "story": ce(outputs["story_logits"], labels["story_label"].long()),
     }
     parts["total"] = sum(w * parts[k] for w, k in zip(weights, ("pre", "eff", "conflict",
                                                                 "story")))

@@ -19,9 +19,9 @@ from trip_jax.models.segments import segment_attention_mask, segment_positions
 
 # Families whose position ids start at pad_token_id + 1 and skip padding tokens.
 _PADDING_OFFSET_POSITIONS = ("roberta",)
-# The default bias of a masked key inside a packed row: it absorbs any score, so that a fully
-# masked row attends uniformly over its own tokens (as a fully masked row alone does under the
-# float32 minimum), and it stays far above the float32 minimum that keeps other rows out.
+# The default bias of a masked key inside a packed row: it absorbs any attention logit, so that a
+# fully masked row attends uniformly over its own tokens (as a fully masked row alone does under
+# the float32 minimum), and it stays far above the float32 minimum that keeps other rows out.
 ROW_MASK_BIAS = -1e30
 
 
@@ -51,7 +51,7 @@ def attention_bias(attention_mask: jax.Array, mask_bias: float | None = None,
     """Additive float32 bias [N, 1, 1, T]: 0 where attended, ``mask_bias`` where masked.
 
     The default, the float32 minimum, is today's transformers' (a fully masked row attends
-    uniformly); -10000.0 is transformers 4.11's (docs/exact-mode.md, difference 1a).
+    uniformly); -10000.0 is transformers 4.11's (docs/fidelity.md, difference 1a).
 
     With ``segment_ids`` the bias is [N, 1, T, T]: a query sees only the keys of its own
     non-zero segment (``segments.segment_attention_mask``), those with ``attention_mask`` 0
@@ -120,7 +120,7 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head scaled dot-product self-attention; scores and softmax in float32."""
+    """Multi-head scaled dot-product self-attention; attention logits and softmax in float32."""
 
     config: Any
     dtype: Any = jnp.float32
@@ -134,8 +134,8 @@ class BertSelfAttention(nn.Module):
         query = split(_dense(cfg, cfg.hidden_size, self.dtype, "query")(x))
         key = split(_dense(cfg, cfg.hidden_size, self.dtype, "key")(x))
         value = split(_dense(cfg, cfg.hidden_size, self.dtype, "value")(x))
-        scores = jnp.einsum("nqhd,nkhd->nhqk", query, key, preferred_element_type=jnp.float32)
-        probs = jax.nn.softmax(scores * head_dim ** -0.5 + bias, axis=-1)
+        logits = jnp.einsum("nqhd,nkhd->nhqk", query, key, preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(logits * head_dim ** -0.5 + bias, axis=-1)
         probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
         out = jnp.einsum("nhqk,nkhd->nqhd", probs.astype(self.dtype), value)
         return out.reshape(out.shape[:-2] + (cfg.hidden_size,))

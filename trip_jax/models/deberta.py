@@ -118,10 +118,10 @@ def _layer_norm(config, dtype, name: str = "LayerNorm") -> nn.LayerNorm:
                         name=name)
 
 
-def _gather_last(scores: jnp.ndarray, index: np.ndarray) -> jnp.ndarray:
-    """scores [N, H, A, R] gathered along R by a static index [A, B] -> [N, H, A, B]."""
-    full = jnp.broadcast_to(jnp.asarray(index, jnp.int32), scores.shape[:2] + index.shape)
-    return jnp.take_along_axis(scores, full, axis=-1)
+def _gather_last(logits: jnp.ndarray, index: np.ndarray) -> jnp.ndarray:
+    """logits [N, H, A, R] gathered along R by a static index [A, B] -> [N, H, A, B]."""
+    full = jnp.broadcast_to(jnp.asarray(index, jnp.int32), logits.shape[:2] + index.shape)
+    return jnp.take_along_axis(logits, full, axis=-1)
 
 
 def split_heads_3(qkv: jnp.ndarray, heads: int) -> jnp.ndarray:
@@ -165,7 +165,8 @@ class DebertaEmbeddings(nn.Module):
 
 
 class DisentangledSelfAttention(nn.Module):
-    """Content-to-content plus content-to-position (c2p) and position-to-content (p2c) scores."""
+    """Attention logits: content-to-content plus content-to-position (c2p) and position-to-content
+    (p2c)."""
 
     config: Any
     dtype: Any = jnp.float32
@@ -203,7 +204,7 @@ class DisentangledSelfAttention(nn.Module):
 
         scale = np.sqrt(np.float32(head_dim * _scale_factor(cfg))).astype(np.float32)
         query = query / jnp.asarray(scale, query.dtype)
-        scores = jnp.einsum("nqhd,nkhd->nhqk", query, key)
+        logits = jnp.einsum("nqhd,nkhd->nhqk", query, key)
 
         if getattr(cfg, "relative_attention", False) and types:
             _, _, c2p_index, p2c_index = relative_layout(cfg, seq_len)
@@ -218,7 +219,7 @@ class DisentangledSelfAttention(nn.Module):
                 else:
                     pos_key = self._dense(width, "pos_proj", use_bias=False)(rel)
                 c2p = jnp.einsum("nqhd,rhd->nhqr", query, split_heads(pos_key))
-                scores = scores + _gather_last(c2p, c2p_index)
+                logits = logits + _gather_last(c2p, c2p_index)
             if "p2c" in types:
                 if share:
                     pos_query = query_proj(rel)
@@ -228,12 +229,12 @@ class DisentangledSelfAttention(nn.Module):
                     pos_query = self._dense(width, "pos_q_proj")(rel)
                 pos_query = split_heads(pos_query) / jnp.asarray(scale, pos_query.dtype)
                 p2c = jnp.einsum("nkhd,rhd->nhkr", key, pos_query)
-                scores = scores + jnp.swapaxes(_gather_last(p2c, p2c_index), -1, -2)
+                logits = logits + jnp.swapaxes(_gather_last(p2c, p2c_index), -1, -2)
 
         # Softmax in float32 for bf16 stability; fully masked (padding) rows become uniform,
         # exactly as transformers' masked_fill with the dtype minimum.
-        scores = jnp.where(pair_mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-        probs = nn.softmax(scores, axis=-1)
+        logits = jnp.where(pair_mask, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+        probs = nn.softmax(logits, axis=-1)
         probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
         context = jnp.einsum("nhqk,nkhd->nqhd", probs.astype(self.dtype), value)
         return context.reshape(batch, seq_len, width)

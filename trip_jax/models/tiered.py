@@ -2,7 +2,7 @@
 
 ``build_tiered_model(hf_config, config)`` builds the ``TieredModel`` that maps the batch
 contract's input arrays to its model outputs, with the original's pieces the config chooses
-(``trip_jax.reference``). Details: docs/reference.md#model, docs/exact-mode.md.
+(``trip_jax.reference``). Details: docs/reference.md#model, docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class TieredModel(nn.Module):
 
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
-        story_score [B,2], story_pred [B]. ValueError if S != ``max_sentences``.
+        story_logits [B,2], story_pred [B]. ValueError if S != ``max_sentences``.
         """
         with jax.default_matmul_precision(self.matmul_precision):
             return self.outputs(batch, deterministic)
@@ -220,7 +220,7 @@ class TieredModel(nn.Module):
         pre_logits, eff_logits = cells.to_grid(pre_logits), cells.to_grid(eff_logits)
         conflict_logits = cells.from_tracks(conflict_logits)
         conflict_prob = jax.nn.sigmoid(conflict_logits) * row_mask
-        story_score = -conflict_prob.sum(axis=(2, 3)) / 2  # −Σ_{e,s} p / 2, the reference's
+        story_logits = -conflict_prob.sum(axis=(2, 3)) / 2  # −Σ_{e,s} p / 2, the reference's
         return {
             "pre_logits": pre_logits,
             "eff_logits": eff_logits,
@@ -228,8 +228,8 @@ class TieredModel(nn.Module):
             "eff_pred": _masked_argmax(eff_logits, row_mask),
             "conflict_logits": conflict_logits,
             "conflict_prob": conflict_prob,
-            "story_score": story_score,
-            "story_pred": jnp.argmax(story_score, axis=-1).astype(jnp.int32),
+            "story_logits": story_logits,
+            "story_pred": jnp.argmax(story_logits, axis=-1).astype(jnp.int32),
         }
 
     def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True

@@ -2,7 +2,7 @@
 every cell and track of the (B, 2, E, S) grid, so every cell draws its own dropout masks.
 
 ``GridCells`` has the methods of ``trip_jax.models.cells.RealCells``, the clean view, and is
-chosen in its place by ``trip_jax.models.tiered.build_tiered_model``. Details: docs/exact-mode.md.
+chosen in its place by ``trip_jax.models.tiered.build_tiered_model``. Details: docs/fidelity.md.
 """
 
 from __future__ import annotations

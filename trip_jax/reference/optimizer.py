@@ -1,7 +1,7 @@
 """The original's optimizer step: ``transformers.AdamW`` and torch's gradient clipping.
 
 ``hf_adamw`` and ``torch_clip_by_global_norm`` are optax transformations; ``train.optimizer =
-"hf_adamw"`` chooses both (``trip_jax.training.optimizers``). Details: docs/exact-mode.md.
+"hf_adamw"`` chooses both (``trip_jax.training.optimizers``). Details: docs/fidelity.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``PaddingRow.for_encoder`` (chosen by ``trip_jax.models.tiered.build_tiered_model``) adds the
 padding row (token ids, mask and types 0) to the encoder's input as one more sequence, so the
-encoder's one pass computes its vector too. Details: docs/exact-mode.md.
+encoder's one pass computes its vector too. Details: docs/fidelity.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Padding pairs never count; padded cells of real pairs count only with
 ``mask_padding_in_losses`` off, as the reference counted them.
-Details: docs/reference.md#losses, docs/exact-mode.md.
+Details: docs/reference.md#losses, docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def tiered_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
     conflict = _masked_mean(bce, counted_rows)
 
     story_ce = optax.softmax_cross_entropy_with_integer_labels(
-        outputs["story_score"].astype(jnp.float32), batch["story_label"].astype(jnp.int32))
+        outputs["story_logits"].astype(jnp.float32), batch["story_label"].astype(jnp.int32))
     story = _masked_mean(story_ce, pair_mask)
 
     total = (config.pre_weight * pre + config.eff_weight * eff

@@ -18,6 +18,44 @@ from trip_jax.runtime import paths
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
+# Issue 45 stage 3 renamed the decoding "reference" (each tier on its own) to "independent" and
+# the decoding key conflict_weight to detector_weight. Records written before (the committed
+# runs of results/) keep the old names; they are not rewritten: whatever reads saved records
+# (metrics.jsonl, a report's metrics, a fold's sweep file) reads them through current_names.
+OLD_DECODINGS = {"reference": "independent"}
+OLD_DECODING_KEYS = {"conflict_weight": "detector_weight"}
+
+
+def current_names(value: Any) -> Any:
+    """A saved record (or a list of them, nested at any depth) under today's names: a key
+    "reference/X" as "independent/X", a "decoding" value or a "by_decoding" key "reference" as
+    "independent", a "decoding" dict's conflict_weight as detector_weight; the rest unchanged."""
+    if isinstance(value, list):
+        return [current_names(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if isinstance(key, str) and key.split("/", 1)[0] in OLD_DECODINGS and "/" in key:
+            method, rest = key.split("/", 1)
+            key = f"{OLD_DECODINGS[method]}/{rest}"
+        if key == "decoding" and isinstance(item, str):
+            item = OLD_DECODINGS.get(item, item)
+        elif key == "decoding" and isinstance(item, dict):
+            item = {OLD_DECODING_KEYS.get(k, k): v for k, v in item.items()}
+            if isinstance(item.get("method"), str):
+                item["method"] = OLD_DECODINGS.get(item["method"], item["method"])
+        elif key == "by_decoding" and isinstance(item, dict):
+            item = {OLD_DECODINGS.get(k, k): v for k, v in item.items()}
+        out[key] = current_names(item)
+    return out
+
+
+def read_metrics(path: epath.PathLike) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` written by any trip_jax, under today's names
+    (``current_names``)."""
+    return current_names(paths.read_jsonl(path))
+
 
 class MetricLog:
     """Writes scalars to ``workdir/metrics.jsonl`` and TensorBoard (process 0 only)."""

@@ -2,7 +2,7 @@
 
 ``make_optimizer(config.train, total_steps)`` returns (optimizer, encoder schedule): optax's AdamW
 and clip ("adamw") or the original's (``trip_jax.reference.optimizer``, "hf_adamw"), chosen once
-by ``ADAMW``; ``update`` takes the gradients' norm as ``grad_norm``. Details: docs/exact-mode.md.
+by ``ADAMW``; ``update`` takes the gradients' norm as ``grad_norm``. Details: docs/fidelity.md.
 """
 
 from __future__ import annotations

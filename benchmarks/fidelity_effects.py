@@ -1,8 +1,8 @@
-"""Measures what each piece of the exact reference mode changes, one piece at a time.
+"""Measures what each piece of exact fidelity changes, one piece at a time.
 
-``TRIP_DATA_DIR=... python -m benchmarks.exact_mode_effects --out=FILE``: one dev pair, MiniLM-L6,
-fresh heads, dropout off; each exact-mode key set to its clean value alone (and all at once), the
-differences of every output and loss term reported. Details: docs/exact-mode.md.
+``TRIP_DATA_DIR=... python -m benchmarks.fidelity_effects --out=FILE``: one dev pair, MiniLM-L6,
+fresh heads, dropout off; each exact-fidelity key set to its clean value alone (and all at once),
+the differences of every output and loss term reported. Details: docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from trip_jax.training import losses, optimizers
 from trip_jax.data import batching, features, layouts, tokenizers
 from trip_jax.models.tiered import build_tiered_model
 
-# One key per difference: its clean value (the exact value is configs/base.py REFERENCE_MODES).
+# One key per difference: its clean value (the exact value is configs/base.py FIDELITIES).
 PIECES = {
     "padding_rows": ("model.tiered.padding_rows", "zero"),
     "padding_row_attention": ("model.tiered.padding_row_attention", "masked"),
@@ -93,11 +93,11 @@ def real_cells(out, batch, num_classes):
             "state_probs": np.concatenate([pre_p, eff_p], -1),
             "conflict_logits": np.asarray(out["conflict_logits"])[mask],
             "conflict_probs": np.asarray(out["conflict_prob"])[mask],
-            "story_score": np.asarray(out["story_score"])}
+            "story_logits": np.asarray(out["story_logits"])}
 
 
 def compare(base_values, base_losses, values, loss_values) -> dict:
-    """Largest absolute differences and relative loss differences against the exact mode."""
+    """Largest absolute differences and relative loss differences against exact fidelity."""
     result = {f"max_abs_diff/{k}": float(np.abs(values[k] - base_values[k]).max())
               for k in base_values}
     for k in ("pre", "eff", "conflict", "story", "total"):
@@ -131,10 +131,10 @@ def optimizer_effect(model, params, batch, loss_config, train_config) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/exact_mode_effects.json")
+    parser.add_argument("--out", default="benchmarks/results/fidelity_effects.json")
     args = parser.parse_args()
     start = time.time()
-    exact = minilm.get_config("exact")
+    exact = minilm.get_config("fidelity=exact")
     splits = protocol.load_protocol_splits(exact.data)
     everything = splits.train + splits.selection + splits.test
     data_max = max(s.num_entities for p in everything for s in p.stories)
@@ -167,10 +167,10 @@ def main() -> None:
         "toggled_alone_to_clean": {},
     }
     cases = {name: [(key, value)] for name, (key, value) in PIECES.items()}
-    cases["all_clean"] = [(k, v) for k, v in base.REFERENCE_MODES["clean"].items()
+    cases["all_clean"] = [(k, v) for k, v in base.FIDELITIES["clean"].items()
                           if k != "train.optimizer"]
     for name, changes in cases.items():
-        config = minilm.get_config("exact")
+        config = minilm.get_config("fidelity=exact")
         for key, value in changes:
             harness.set_config_value(config, key, value)
         model_v, batch_v, loss_v = variant(config)
