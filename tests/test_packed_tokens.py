@@ -5,6 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from trip_jax.config.messages import ConfigError
+from trip_jax.config.typed import typed
 from trip_jax.data import batch_contract
 from trip_jax.data import layouts
 from trip_jax.data.batching import BatchPlan, Epoch
@@ -162,12 +164,13 @@ def test_layout_config_errors(make_layout):
     data.seq_len = 32
     with pytest.raises(ValueError, match="pack_length"):
         layouts.from_config(data)
-    data.layout = "packed_token"
-    with pytest.raises(ValueError, match="unknown data.layout"):
-        layouts.from_config(data)
-    data.layout = "packed"
-    with pytest.raises(layouts.RetiredLayoutError, match="'packed' was retired"):
-        layouts.from_config(data)
+    # A layout name, retired ("packed") or unknown, is refused by the schema, in one line.
+    for name in ("packed_token", "packed"):
+        config = base.get_config()
+        config.data.layout = name
+        with pytest.raises(ConfigError, match=f"data.layout: unknown value '{name}'; did you "
+                                              "mean 'packed_tokens'"):
+            typed(config)
     with pytest.raises(ValueError, match="data.pack_length"):
         make_layout(pack_length=0)
 

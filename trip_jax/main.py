@@ -72,7 +72,7 @@ TRAINING_MODES = ("train", "cross_validate")
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError,
-               workdir_lock.WorkdirLocked, layouts.RetiredLayoutError, hub.HubUnavailableError)
+               workdir_lock.WorkdirLocked, hub.HubUnavailableError)
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:

@@ -39,7 +39,7 @@ STEPS: dict[int, Step] = {
         added={"data.dedup_rows": False},
         defaults=True),
     # The packed layout and its short-row group were retired (a config naming layout "packed"
-    # is refused where the layout is built, trip_jax/data/layouts).
+    # is refused by the schema, sections.LayoutName).
     1: Step(removed={"data.short_seq_len": 0},
             dropped=("data.buckets.row_min", "data.buckets.rows_per_octave"),
             # Declared since; Hugging Face's defaults, which a random encoder had before.

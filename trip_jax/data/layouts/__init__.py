@@ -13,34 +13,19 @@ from trip_jax.data.layouts.dense import Dense
 from trip_jax.data.layouts.packed_tokens import PackedTokens
 
 __all__ = ["ENTITY_PADDINGS", "LAYOUTS", "NAMES", "Dense", "Layout", "PackedTokens",
-           "RetiredLayoutError", "encoder_fields", "from_config"]
+           "encoder_fields", "from_config"]
 
 LAYOUTS: dict[str, type[Layout]] = {cls.name: cls for cls in (PackedTokens, Dense)}
 NAMES: tuple[str, ...] = tuple(LAYOUTS)
-# Layouts of earlier versions, and what to use instead (docs/reference.md, "Encoder input").
-RETIRED: dict[str, str] = {
-    "packed": "data.layout 'packed' was retired (packed_tokens encodes the same rows in fewer "
-              "tokens); set data.layout to 'packed_tokens' (or 'dense')",
-}
-
-
-class RetiredLayoutError(ValueError):
-    """A config names a layout of an earlier version."""
 
 
 def from_config(data_config) -> Layout:
     """The layout ``config.data`` describes (0 means "not set" for the optional lengths).
 
-    Reads data.layout, max_sentences, max_length, token_types, entity_padding and the chosen
-    layout's own keys. RetiredLayoutError (one line) for a retired layout, ValueError for an
-    unknown one.
+    Reads data.layout (checked by the typed config: ``sections.LayoutName``), max_sentences,
+    max_length, token_types, entity_padding and the chosen layout's own keys.
     """
-    name = data_config.layout
-    if name in RETIRED:
-        raise RetiredLayoutError(RETIRED[name])
-    if name not in LAYOUTS:
-        raise ValueError(f"unknown data.layout {name!r}; expected one of {NAMES}")
-    return LAYOUTS[name].from_config(
+    return LAYOUTS[data_config.layout].from_config(
         data_config, max_sentences=data_config.max_sentences,
         max_length=data_config.max_length or None, token_types=data_config.token_types,
         entity_padding=data_config.entity_padding)
