@@ -21,6 +21,8 @@ import pytest
 import torch
 import transformers
 
+from trip_jax.config import sections
+from trip_jax.config.messages import ConfigError
 from trip_jax.interop import torch_reference as ref
 from configs import base, bert, deberta, minilm, roberta, tiny
 from trip_jax.data import batching, features, layouts, schema
@@ -232,8 +234,8 @@ def test_token_types_are_all_zero_at_exact_fidelity(tokenizer, encoded, packed):
     assert not packed["token_type_ids"].any()
     segments = features.encode_pairs(story_pairs(), tokenizer, max_sentences=S)
     assert all(s.type_ids.any() for p in segments for s in p.stories)  # BERT: sentence = 1
-    with pytest.raises(ValueError, match="token_types"):
-        features.encode_pairs(story_pairs(), tokenizer, token_types="ones")
+    with pytest.raises(ConfigError, match="data.token_types"):  # refused once, by the schema
+        sections.DataConfig(token_types="ones")
 
 
 def test_entities_are_padded_to_the_data_maximum(encoded):

@@ -21,9 +21,10 @@ from trip_jax.data.types import Story, StoryPair
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SENTENCES = 7
-# "segments": the tokenizer's token type ids (1 for the sentence with BERT-style tokenizers);
-# "zeros": all 0, as the reference, which passed no token type ids to the encoder.
-TOKEN_TYPES: tuple[str, ...] = ("segments", "zeros")
+# data.token_types -> whether the tokenizer's token type ids are kept: "segments" (1 for the
+# sentence with BERT-style tokenizers) or "zeros" (all 0, as the reference, which passed none).
+KEEPS_TYPE_IDS: dict[str, bool] = {"segments": True, "zeros": False}
+TOKEN_TYPES: tuple[str, ...] = tuple(KEEPS_TYPE_IDS)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -168,10 +169,8 @@ def encode_pairs(pairs: Sequence[StoryPair], tokenizer, *,
     ``max_sentences`` sentences is an error. ``token_types`` (``TOKEN_TYPES``): "segments" keeps
     the tokenizer's token type ids, "zeros" sets them all to 0 (the reference).
     """
-    if token_types not in TOKEN_TYPES:
-        raise ValueError(f"unknown token_types {token_types!r}; expected one of {TOKEN_TYPES}")
     info = tokenizer_info(tokenizer)
-    uses_type_ids = info.uses_token_type_ids and token_types == "segments"
+    uses_type_ids = info.uses_token_type_ids and KEEPS_TYPE_IDS[token_types]
     row_ids: dict[tuple[str, str], int] = {}
     uses = []  # unique row id of every row of every story, in order
     for pair in pairs:

@@ -13,10 +13,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trip_jax.config.sections import Optimizer, Schedule, choices_of
+from trip_jax.config.sections import Schedule, choices_of
 from trip_jax.reference import optimizer as reference
 
-OPTIMIZERS: tuple[str, ...] = choices_of(Optimizer)  # train.optimizer
 SCHEDULES: tuple[str, ...] = choices_of(Schedule)  # train.schedule
 
 
@@ -48,25 +47,19 @@ ADAMW: dict[str, tuple[Callable[..., optax.GradientTransformation],
     # transformers.AdamW after torch.nn.utils.clip_grad_norm_, as the original trained.
     "hf_adamw": (reference.hf_adamw, reference.torch_clip_by_global_norm),
 }
-
-
-def _chosen(name: str):
-    """``ADAMW[name]``; ValueError for an unknown name."""
-    if name not in ADAMW:
-        raise ValueError(f"unknown train.optimizer {name!r}; expected one of {OPTIMIZERS}")
-    return ADAMW[name]
+OPTIMIZERS: tuple[str, ...] = tuple(ADAMW)  # train.optimizer
 
 
 def adamw(name: str, learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
           weight_decay: float) -> optax.GradientTransformation:
     """The AdamW called ``name``: "adamw" (optax) or "hf_adamw" (transformers.AdamW)."""
-    return _chosen(name)[0](learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    return ADAMW[name][0](learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
 
 
 def clip_by_global_norm(name: str, max_norm: float) -> optax.GradientTransformationExtraArgs:
     """Gradient clipping that goes with optimizer ``name``: optax's for "adamw", torch's for
     "hf_adamw" (the reference clipped with torch.nn.utils.clip_grad_norm_)."""
-    return _chosen(name)[1](max_norm)
+    return ADAMW[name][1](max_norm)
 
 
 def learning_rate_schedule(train_config, total_steps: int, lr: float | None = None
@@ -94,7 +87,7 @@ def make_optimizer(train_config, total_steps: int
     schedule = learning_rate_schedule(train_config, total_steps)
 
     # train.optimizer, chosen once: optax's AdamW and clip, or the original's (``ADAMW``).
-    make_adamw, make_clip = _chosen(train_config.optimizer)
+    make_adamw, make_clip = ADAMW[train_config.optimizer]
 
     def configured(rate):
         return make_adamw(rate, b1=train_config.adam_b1, b2=train_config.adam_b2,

@@ -20,8 +20,10 @@ from trip_jax.data.batching import BatchPlan, Epoch
 from trip_jax.data.features import EncodedPair
 from trip_jax.data.types import StoryPair
 
-# data.entity_padding: E rounded per batch, or the data's largest entity count (the reference's).
-ENTITY_PADDINGS: tuple[str, ...] = ("bucket", "data_max")
+# data.entity_padding -> whether E is the data's largest entity count (the reference's) rather
+# than rounded per batch.
+FIXES_ENTITIES: dict[str, bool] = {"bucket": False, "data_max": True}
+ENTITY_PADDINGS: tuple[str, ...] = tuple(FIXES_ENTITIES)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,11 +51,6 @@ class Layout:
     entity_padding: str
     num_entities: int | None = None
 
-    def __post_init__(self):
-        if self.entity_padding not in ENTITY_PADDINGS:
-            raise ValueError(f"unknown data.entity_padding {self.entity_padding!r}; expected one "
-                             f"of {ENTITY_PADDINGS}")
-
     def encode(self, pairs: Sequence[StoryPair], tokenizer) -> list[EncodedPair]:
         """Tokenizes every (story, entity, sentence) row of ``pairs``
         (``features.encode_pairs``)."""
@@ -65,7 +62,7 @@ class Layout:
         (``splits``: a ``trip_jax.data.protocol.ProtocolSplits``) when ``entity_padding`` is
         "data_max" or the layout ``fixes_entities`` (so training, selection and test, and every
         process, pad alike); unchanged otherwise."""
-        if self.entity_padding == "bucket" and not self.fixes_entities:
+        if not (FIXES_ENTITIES[self.entity_padding] or self.fixes_entities):
             return self
         stories = [story for pairs in (splits.train, splits.selection, splits.test)
                    for pair in pairs for story in pair.stories]

@@ -56,7 +56,6 @@ class PackedTokens(Layout):
     dedup_rows: bool
 
     def __post_init__(self):
-        super().__post_init__()
         if self.pack_length < 1 or self.max_shapes < 1:
             raise ValueError(f"data.pack_length ({self.pack_length}) and data.max_shapes "
                              f"({self.max_shapes}) must be >= 1")
