@@ -273,9 +273,8 @@ class RunCheckpoints:
     """The checkpoint managers of one training run (see the module docstring)."""
 
     def __init__(self, workdir: str, *, keep: int, async_save: bool):
-        for kind in KINDS:
+        for kind in KINDS:  # kind_directory refuses an old workdir's selected/ folder
             _remove_unfinished(kind_directory(workdir, kind))
-        kind_directory(workdir, SELECTED)  # an old workdir's folder is refused, not resumed
         # At least MIN_KEEP latest steps: a damaged newest one leaves an intact one to resume.
         self.managers = {LATEST: _manager(workdir, LATEST, keep=max(keep, MIN_KEEP),
                                           async_save=async_save)}
