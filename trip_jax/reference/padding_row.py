@@ -46,17 +46,17 @@ def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Arra
     return out, row_start // width * wide + row_start % width
 
 
-def padding_row_masking(encoder: nn.Module, attention: str) -> dict[str, float]:
-    """The encoder's keyword arguments that mask the padding row as ``attention`` says:
-    "legacy" with ``LEGACY_MASK_BIAS`` (encoders that take ``mask_bias``: BERT and RoBERTa; else
-    ValueError), "masked" with the encoder's own mask (none)."""
+def mask_bias_for(encoder: nn.Module, attention: str) -> float | None:
+    """The ``mask_bias`` that masks the padding row as ``attention`` says: "legacy"
+    ``LEGACY_MASK_BIAS`` (encoders that take ``mask_bias``: BERT and RoBERTa; else ValueError),
+    "masked" None (the encoder's own mask)."""
     if attention == "masked":
-        return {}
+        return None
     if "mask_bias" not in inspect.signature(type(encoder).__call__).parameters:
         raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
                          "additive mask of BERT/RoBERTa; use 'masked' for "
                          f"{type(encoder).__name__}")
-    return {"mask_bias": LEGACY_MASK_BIAS}
+    return LEGACY_MASK_BIAS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +70,8 @@ class PaddingRow:
     @classmethod
     def for_encoder(cls, encoder: nn.Module, length: int, attention: str) -> "PaddingRow":
         """The padding row of ``length`` tokens masked as ``attention`` ("legacy", "masked")
-        says for ``encoder`` (``padding_row_masking``)."""
-        return cls(length, padding_row_masking(encoder, attention).get("mask_bias"))
+        says for ``encoder`` (``mask_bias_for``)."""
+        return cls(length, mask_bias_for(encoder, attention))
 
     def add_to(self, inputs: Mapping[str, jax.Array | None], row_start: jax.Array
                ) -> tuple[dict[str, jax.Array], jax.Array, dict[str, float]]:
