@@ -115,11 +115,11 @@ def optimizer_effect(model, params, batch, loss_config, train_config) -> dict:
     grads = jax.jit(grads_of)(params)
     lr = train_config.learning_rate
     steps = {}
-    for name in optimizers.OPTIMIZERS:
-        tx = optax.chain(optimizers.clip_by_global_norm(name, train_config.grad_clip_norm),
-                         optimizers.adamw(name, lr, b1=train_config.adam_b1,
-                                          b2=train_config.adam_b2, eps=train_config.adam_eps,
-                                          weight_decay=train_config.weight_decay))
+    for name, (make_adamw, make_clip) in optimizers.ADAMW.items():
+        tx = optax.chain(make_clip(train_config.grad_clip_norm),
+                         make_adamw(lr, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                                    eps=train_config.adam_eps,
+                                    weight_decay=train_config.weight_decay))
         updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
         steps[name] = np.concatenate([np.ravel(x) for x in jax.tree.leaves(updates)])
     diff = np.abs(steps["hf_adamw"] - steps["adamw"]) / lr

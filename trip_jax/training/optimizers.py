@@ -50,18 +50,6 @@ ADAMW: dict[str, tuple[Callable[..., optax.GradientTransformation],
 OPTIMIZERS: tuple[str, ...] = tuple(ADAMW)  # train.optimizer
 
 
-def adamw(name: str, learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
-          weight_decay: float) -> optax.GradientTransformation:
-    """The AdamW called ``name``: "adamw" (optax) or "hf_adamw" (transformers.AdamW)."""
-    return ADAMW[name][0](learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-
-
-def clip_by_global_norm(name: str, max_norm: float) -> optax.GradientTransformationExtraArgs:
-    """Gradient clipping that goes with optimizer ``name``: optax's for "adamw", torch's for
-    "hf_adamw" (the reference clipped with torch.nn.utils.clip_grad_norm_)."""
-    return ADAMW[name][1](max_norm)
-
-
 def learning_rate_schedule(train_config, total_steps: int, lr: float | None = None
                            ) -> optax.Schedule:
     """The learning rate per step: constant, or linear warm-up then linear/cosine decay to 0;
