@@ -147,6 +147,31 @@ def test_committed_fold_files_are_enough_without_checkpoints(cv_run, tiny_config
             two_folds(tiny_config, SWEEP + ";persistence=false"), str(copy))
 
 
+def test_sweep_files_written_under_the_old_names_are_read_without_decoding_again(
+        cv_run, tiny_config, tmp_path, monkeypatch):
+    """A fold's sweep.json from before issue 45's renames (label method=reference, decoding
+    method "reference", key conflict_weight) still holds cv.sweep's method=independent."""
+    workdir, summary = cv_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("checkpoints", "cv_*"))
+    for fold in (0, 1):
+        path = copy / f"fold{fold}" / "sweep.json"
+        old = {}
+        for label, record in json.loads(path.read_text()).items():
+            decoding = {("conflict_weight" if k == "detector_weight" else k): v
+                        for k, v in record["decoding"].items()}
+            if decoding["method"] == "independent":
+                decoding["method"] = "reference"
+            old[label.replace("method=independent", "method=reference")] = {
+                **record, "decoding": decoding}
+        assert "method=reference" in old
+        path.write_text(json.dumps(old))
+    monkeypatch.setattr(train, "train_and_evaluate", None)  # nothing may train or decode
+    assert cross_validate.cross_validate(two_folds(tiny_config), str(copy)) == summary
+    assert (json.loads((copy / "cv_sweep.json").read_text())
+            == json.loads((workdir / "cv_sweep.json").read_text()))
+
+
 def test_a_fold_without_its_sweep_file_is_decoded_from_its_checkpoint(cv_run, tiny_config,
                                                                        tmp_path, monkeypatch):
     workdir, _ = cv_run

@@ -22,7 +22,7 @@ from trip_jax.data import input_pipeline
 from trip_jax.evaluation import cv_summary, decoding, evaluate, metrics
 from trip_jax.runtime import paths
 from trip_jax.training import checkpoints
-from trip_jax.training.metric_log import METRICS_FILE, current_names, read_metrics
+from trip_jax.training.metric_log import METRICS_FILE, current_label, current_names, read_metrics
 
 FOLD_DIR = "fold{fold}"
 SWEEP_FILE = "sweep.json"
@@ -96,7 +96,8 @@ def _read_sweep(path: epath.Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        held = current_names(json.loads(path.read_text()))
+        held = {current_label(label): record
+                for label, record in current_names(json.loads(path.read_text())).items()}
         if not all({"decoding", "scores"} <= set(v) for v in held.values()):
             raise ValueError("a record lacks decoding or scores")
     except (ValueError, AttributeError, TypeError) as err:

@@ -21,7 +21,8 @@ TENSORBOARD_DIR = "tensorboard"
 # Issue 45 stage 3 renamed the decoding "reference" (each tier on its own) to "independent" and
 # the decoding key conflict_weight to detector_weight. Records written before (the committed
 # runs of results/) keep the old names; they are not rewritten: whatever reads saved records
-# (metrics.jsonl, a report's metrics, a fold's sweep file) reads them through current_names.
+# (metrics.jsonl, a report's metrics, a fold's sweep file) reads them through current_names
+# (and a sweep file's labels through current_label).
 OLD_DECODINGS = {"reference": "independent"}
 OLD_DECODING_KEYS = {"conflict_weight": "detector_weight"}
 
@@ -49,6 +50,17 @@ def current_names(value: Any) -> Any:
             item = {OLD_DECODINGS.get(k, k): v for k, v in item.items()}
         out[key] = current_names(item)
     return out
+
+
+def current_label(label: str) -> str:
+    """A cv sweep label (``KEY=VALUE, ...``, ``config.sweeps.label``) under today's names: key
+    conflict_weight as detector_weight, ``method=reference`` as ``method=independent``."""
+    parts = []
+    for part in label.split(", "):
+        key, sep, value = part.partition("=")
+        key = OLD_DECODING_KEYS.get(key, key)
+        parts.append(key + sep + (OLD_DECODINGS.get(value, value) if key == "method" else value))
+    return ", ".join(parts)
 
 
 def read_metrics(path: epath.PathLike) -> list[dict[str, Any]]:
