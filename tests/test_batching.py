@@ -3,36 +3,17 @@
 
 import numpy as np
 import pytest
+import random_pairs
 
 from trip_jax.data import batching
-from trip_jax.data.features import encode_pairs, vocabulary_texts
-from trip_jax.data.tokenizers import load_tokenizer
-from trip_jax.data.types import Story, StoryPair, empty_states
 
 NUM_PAIRS = 11
-WORDS = ("ann", "took", "the", "cup", "and", "put", "it", "in", "sink", "quickly", "very")
-
-
-def _story(rng, story_id, plausible):
-    num_entities, num_sentences = int(rng.integers(1, 14)), int(rng.integers(5, 8))
-    sentences = tuple(" ".join(rng.choice(WORDS, int(rng.integers(2, 12)))) + "."
-                      for _ in range(num_sentences))
-    states = empty_states(num_entities, num_sentences)
-    states[rng.random(states.shape) < 0.05] = 1
-    conflict = () if plausible else ((num_sentences - 3, num_sentences - 1),)
-    return Story(story_id, sentences, tuple(f"thing{e}" for e in range(num_entities)), states,
-                 plausible, conflict)
 
 
 @pytest.fixture(scope="module")
 def encoded():
-    rng = np.random.default_rng(0)
-    pairs = []
-    for i in range(NUM_PAIRS):
-        label = i % 2
-        stories = [_story(rng, f"{i}-{k}", k == label) for k in range(2)]
-        pairs.append(StoryPair(f"p{i}", tuple(stories), label))
-    return encode_pairs(pairs, load_tokenizer("word_level:bert", texts=vocabulary_texts(pairs)))
+    return random_pairs.encoded_pairs(0, NUM_PAIRS, entities=(1, 14), sentences=(5, 8),
+                                      words=(2, 12))
 
 
 LAYOUTS = ["packed_tokens", "dense"]

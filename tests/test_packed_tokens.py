@@ -4,41 +4,21 @@ import dataclasses
 
 import numpy as np
 import pytest
+import random_pairs
 
 from trip_jax.config.messages import ConfigError
 from trip_jax.config.typed import typed
 from trip_jax.data import batch_contract
 from trip_jax.data import layouts
 from trip_jax.data.batching import BatchPlan, Epoch
-from trip_jax.data.features import encode_pairs, vocabulary_texts
 from trip_jax.data.layouts import packing
-from trip_jax.data.tokenizers import load_tokenizer
-from trip_jax.data.types import Story, StoryPair, empty_states
 
-WORDS = ("ann", "took", "the", "cup", "and", "put", "it", "in", "sink", "quickly", "very")
 P = 32
-
-
-def _story(rng, story_id, plausible):
-    num_entities, num_sentences = int(rng.integers(1, 9)), int(rng.integers(4, 8))
-    sentences = tuple(" ".join(rng.choice(WORDS, int(rng.integers(2, 14)))) + "."
-                      for _ in range(num_sentences))
-    states = empty_states(num_entities, num_sentences)
-    states[rng.random(states.shape) < 0.05] = 1
-    conflict = () if plausible else ((num_sentences - 3, num_sentences - 1),)
-    return Story(story_id, sentences, tuple(f"thing{e}" for e in range(num_entities)), states,
-                 plausible, conflict)
 
 
 @pytest.fixture(scope="module")
 def encoded():
-    rng = np.random.default_rng(1)
-    pairs = []
-    for i in range(40):
-        label = i % 2
-        pairs.append(StoryPair(f"p{i}", tuple(_story(rng, f"{i}-{k}", k == label)
-                                              for k in range(2)), label))
-    return encode_pairs(pairs, load_tokenizer("word_level:bert", texts=vocabulary_texts(pairs)))
+    return random_pairs.encoded_pairs(1, 40, entities=(1, 9), sentences=(4, 8), words=(2, 14))
 
 
 @pytest.fixture(scope="module")
