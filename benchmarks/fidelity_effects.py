@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks import harness
 from configs import base, minilm
-from trip_jax.config.typed import typed
+from trip_jax.config.typed import replace, typed
 from trip_jax.data import protocol, schema
 from trip_jax.models import builders
 from trip_jax.training import losses, optimizers
@@ -48,19 +47,18 @@ def pick_pair(pairs):
 
 
 def build(config, hf_config, pair, tokenizer, data_max_entities: int):
-    """(model, batch, loss config) of ``config`` for the one pair."""
+    """(model, batch, loss config) of the typed ``config`` for the one pair."""
     data = config.data
     encoded = features.encode_pairs([pair], tokenizer, max_sentences=data.max_sentences,
                                     max_length=data.max_length or None,
                                     token_types=data.token_types)
     fixed = data_max_entities if data.entity_padding == "data_max" else None
-    dense = data.copy_and_resolve_references()
-    dense.layout, dense.seq_len = "dense", 0  # every cell a row, E and T bucketed
+    # every cell a row, E and T bucketed
+    dense = replace(config, {"data.layout": "dense", "data.seq_len": 0}).data
     layout = dataclasses.replace(layouts.from_config(dense), num_entities=fixed)
     (batch,) = layout.batches(encoded, batching.Epoch(1))
-    return (build_tiered_model(hf_config, typed(config).model.tiered,
-                               max_sentences=data.max_sentences), batch,
-            losses.LossConfig.from_mapping(config.loss))
+    return (build_tiered_model(hf_config, config.model.tiered, max_sentences=data.max_sentences),
+            batch, config.loss)
 
 
 def forward(model, params, batch, loss_config):
@@ -134,7 +132,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/fidelity_effects.json")
     args = parser.parse_args()
     start = time.time()
-    exact = minilm.get_config("fidelity=exact")
+    exact = typed(minilm.get_config("fidelity=exact"))
     splits = protocol.load_protocol_splits(exact.data)
     everything = splits.train + splits.selection + splits.test
     data_max = max(s.num_entities for p in everything for s in p.stories)
@@ -170,10 +168,7 @@ def main() -> None:
     cases["all_clean"] = [(k, v) for k, v in base.FIDELITIES["clean"].items()
                           if k != "train.optimizer"]
     for name, changes in cases.items():
-        config = minilm.get_config("fidelity=exact")
-        for key, value in changes:
-            harness.set_config_value(config, key, value)
-        model_v, batch_v, loss_v = variant(config)
+        model_v, batch_v, loss_v = variant(replace(exact, dict(changes)))
         out_v, losses_v = forward(model_v, params, batch_v, loss_v)
         entry = compare(base_values, base_losses, real_cells(out_v, batch_v, num_classes),
                         losses_v)
