@@ -29,7 +29,7 @@ from trip_jax.data.record_checks import TripDataWarning
 from trip_jax.evaluation import reports
 from trip_jax.models import weights
 from trip_jax.runtime import hub, jax_setup, workdir_lock
-from trip_jax.training import checkpoints
+from trip_jax.training import checkpoint_reads, checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # An absl log line: "I1203 05:48:09.530151 140647095221120 file.py:266] ...".
@@ -328,7 +328,7 @@ def test_a_damaged_checkpoint_is_one_line_without_tensorstore(damaged_workdir, c
 
 def test_unreadable_part_without_a_tensorstore_message(tmp_path):
     where = tmp_path / "4"
-    assert checkpoints.unreadable_part(UnicodeDecodeError("utf-8", b"\x99", 0, 1, "bad"),
+    assert checkpoint_reads.unreadable_part(UnicodeDecodeError("utf-8", b"\x99", 0, 1, "bad"),
                                        where, ["meta"]) == "meta/ folder"
 
 

@@ -25,7 +25,7 @@ from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate
 from trip_jax.models import builders, param_names
 from trip_jax.runtime import jax_setup, sharding
-from trip_jax.training import checkpoints, optimizers
+from trip_jax.training import checkpoint_reads, checkpoints, optimizers
 from trip_jax.training import step as training_step
 from trip_jax.training.state import create_train_state, init_params_from
 
@@ -225,12 +225,12 @@ def per_layer_copy(workdir, target, config, edit=lambda flat: flat):
         if kind == checkpoints.LATEST:
             _, opt_state, _ = latest_state(workdir, trainer, init_opt_state=trainer.tx.init)
             trees["opt_state"] = per_layer_opt_state(opt_state, trees["params"], trainer.tx)
-        meta = {k: v for k, v in restored.meta.items() if k != checkpoints.CHECKSUMS}
+        meta = {k: v for k, v in restored.meta.items() if k != checkpoint_reads.CHECKSUMS}
         shutil.rmtree(target / "checkpoints" / kind)
         manager = checkpoints._manager(str(target), kind)
         manager.save(restored.step, args=ocp.args.Composite(
             **{name: ocp.args.StandardSave(tree) for name, tree in trees.items()},
-            meta=ocp.args.JsonSave(checkpoints.with_checksums(meta, **trees))))
+            meta=ocp.args.JsonSave(checkpoint_reads.with_checksums(meta, **trees))))
         manager.wait_until_finished()
         manager.close()
     return target

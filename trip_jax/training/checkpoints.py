@@ -1,29 +1,28 @@
 """Orbax checkpoints of a training run, and restoring a trained model with no training code.
 
 A workdir holds ``checkpoints/{latest,selected,best_accuracy}/STEP`` beside its config and
-tokenizer; restoring verifies the checksums first, and per-layer parameters of older workdirs
-are stacked. Details: docs/reference.md#training.
+tokenizer; restoring verifies the checksums first (``checkpoint_reads``) and stacks older
+workdirs' per-layer parameters (``per_layer_checkpoints``). Details: docs/reference.md#training.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from flax import traverse_util
-
 from trip_jax.models import builders, param_names
 from trip_jax.runtime import paths, sharding
-from trip_jax.training import checksums
+from trip_jax.training import per_layer_checkpoints
+from trip_jax.training.checkpoint_reads import (CheckpointError, DamagedCheckpointError,
+                                                restore_items, saved_param_shapes,
+                                                verify_arrays, verify_meta, with_checksums)
 from trip_jax.config import migrate
 from trip_jax.config.messages import ConfigError
 from trip_jax.config.sections import Config, MeshConfig
@@ -34,7 +33,8 @@ LATEST = "latest"
 SELECTED = "selected"
 BEST_ACCURACY = "best_accuracy"
 RANKING: dict[str, tuple[str, ...]] = {
-    # The selected checkpoint: the best selection score (trip_jax/training/selection.py), then the tiers.
+    # The selected checkpoint: the best selection score (trip_jax/training/selection.py),
+    # then the tiers.
     SELECTED: ("selection_score", "verifiability", "consistency", "accuracy"),
     BEST_ACCURACY: ("accuracy", "consistency", "verifiability"),
 }
@@ -50,16 +50,6 @@ TOKENIZER_DIR = "tokenizer"
 
 # Latest checkpoints kept at least, so that a damaged newest one has an intact one behind it.
 MIN_KEEP = 2
-CHECKSUMS = "checksums"  # the key of meta that holds the checksums
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, unreadable, or does not belong to the given config."""
-
-
-class DamagedCheckpointError(CheckpointError):
-    """A checkpoint's files cannot be read, or its arrays or metadata differ from the checksums
-    recorded when it was saved."""
 
 
 def saved_config(values: dict[str, Any], where: str) -> Config:
@@ -163,99 +153,6 @@ def _abstract(tree: Any, shardings: Any) -> Any:
                         tree, shardings)
 
 
-# In TensorStore's messages (which name neither clearly nor briefly): the array being read
-# ('Error reading "params.x.kernel/.zarray"') and the local files involved.
-_TS_ARRAY = re.compile(r'Error reading "([^"]+?)/\.z')
-_TS_FILE = re.compile(r'local file "([^"]+)"')
-
-
-def _causes(err: BaseException):
-    """``err`` and the exceptions it was raised from or during, outermost first."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        yield err
-        err = err.__cause__ or err.__context__
-
-
-def unreadable_part(err: BaseException, where: epath.Path, items) -> str:
-    """What of the checkpoint at ``where`` could not be read, in words: the array and the file
-    a TensorStore error names (relative to ``where``), else the restored items' folders."""
-    text = " ".join(str(e) for e in _causes(err))
-    found = []
-    array = _TS_ARRAY.search(text)
-    if array:
-        found.append(f"array {array.group(1)}")
-    files = [f for f in _TS_FILE.findall(text) if not f.endswith("/")]
-    if files:
-        path = files[-1]
-        prefix = str(where).rstrip("/") + "/"
-        found.append(f"file {path[len(prefix):] if path.startswith(prefix) else path}")
-    if not found:
-        found.append(" and ".join(f"{item}/" for item in items) + " folder")
-    return ", ".join(found)
-
-
-def _restore(manager: ocp.CheckpointManager, step: int, **items) -> Any:
-    """Restores ``items`` of one step, turning any failure into a one-line
-    DamagedCheckpointError naming the checkpoint and the array or file it could not read;
-    the full cause goes to the log at debug level."""
-    where = epath.Path(manager.directory) / str(step)
-    try:
-        return manager.restore(step, args=ocp.args.Composite(**items))
-    except Exception as err:  # orbax raises many types for unreadable/mismatched data
-        logging.debug("restoring %s failed", where, exc_info=err)
-        raise DamagedCheckpointError(
-            f"checkpoint {where} is damaged or unreadable: could not restore its "
-            f"{unreadable_part(err, where, items)} (the cause is logged at debug level, "
-            "--verbosity=1)") from err
-
-
-def with_checksums(meta: dict, **trees) -> dict:
-    """``meta`` plus ``meta["checksums"]``: the checksums of ``meta`` itself and of every array
-    of ``trees`` (item name -> tree), to save in the same checkpoint as those trees."""
-    recorded = {name: checksums.tree_checksums(tree) for name, tree in trees.items()}
-    return {**meta, CHECKSUMS: {"meta": checksums.meta_checksum(meta), **recorded}}
-
-
-def _recorded(meta: dict) -> dict:
-    """The checksums ``meta`` records ({} where that entry is not a mapping: damaged)."""
-    recorded = meta.get(CHECKSUMS)
-    return recorded if isinstance(recorded, dict) else {}
-
-
-def verify_meta(meta: dict, where: str) -> bool:
-    """Checks ``meta`` against its recorded checksum; False (with a warning) when it records
-    none (a checkpoint saved before checksums were), DamagedCheckpointError on a mismatch."""
-    if CHECKSUMS not in meta:
-        logging.warning("checkpoint %s carries no checksums (saved before they were recorded): "
-                        "its weights are used unverified", where)
-        return False
-    rest = {k: v for k, v in meta.items() if k != CHECKSUMS}
-    saved, found = _recorded(meta).get("meta"), checksums.meta_checksum(rest)
-    if saved != found:
-        raise DamagedCheckpointError(f"checkpoint {where} is damaged: its metadata has checksum "
-                                     f"{found}, saved with {saved}")
-    return True
-
-
-def verify_arrays(meta: dict, where: str, **trees) -> None:
-    """Checks the arrays of ``trees`` (item name -> restored tree) against the checksums that
-    ``meta`` records (nothing to check when it records none): DamagedCheckpointError naming
-    the first array that differs and both checksums."""
-    if CHECKSUMS not in meta:
-        return
-    for name, tree in trees.items():
-        saved = _recorded(meta).get(name)
-        mismatch = checksums.first_mismatch(saved if isinstance(saved, dict) else {},
-                                            checksums.tree_checksums(tree))
-        if mismatch is not None:
-            path, saved, found = mismatch
-            raise DamagedCheckpointError(
-                f"checkpoint {where} is damaged: {name}{path} has checksum {found}, "
-                f"saved with {saved}")
-
-
 def ranking_score(kind: str, scores: Mapping[str, Any]) -> tuple[float, ...]:
     """The tuple a best checkpoint of ``kind`` is ranked by (``RANKING``); scores without a
     selection score (runs saved before it existed) rank by verifiability first."""
@@ -291,7 +188,7 @@ class RunCheckpoints:
         step = manager.latest_step()
         if step is None:
             return None
-        meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        meta = restore_items(manager, step, meta=ocp.args.JsonRestore()).meta
         verify_meta(meta, str(epath.Path(manager.directory) / str(step)))
         if not meta["metrics"]:  # saved by save_final: ranks below any scored checkpoint
             return None
@@ -341,17 +238,17 @@ class RunCheckpoints:
         ``params`` and ``opt_state`` are the abstract trees with their shardings."""
         manager = self.managers[LATEST]
         where = str(epath.Path(manager.directory) / str(step))
-        meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        meta = restore_items(manager, step, meta=ocp.args.JsonRestore()).meta
         verify_meta(meta, where)
         check_compatible(meta["config"], config, where)
-        if param_names.per_layer_paths(_saved_params(manager, step)):
+        if param_names.per_layer_paths(saved_param_shapes(manager, step)):
             shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
-            new_params, new_opt_state = _restore_per_layer(
+            new_params, new_opt_state = per_layer_checkpoints.restore_per_layer(
                 manager, step, meta, params, shardings(params), init_opt_state=init_opt_state,
                 abstract_opt_state=opt_state)
             return new_params, jax.device_put(new_opt_state, shardings(opt_state)), meta
-        restored = _restore(manager, step, params=ocp.args.StandardRestore(params),
-                            opt_state=ocp.args.StandardRestore(opt_state))
+        restored = restore_items(manager, step, params=ocp.args.StandardRestore(params),
+                                 opt_state=ocp.args.StandardRestore(opt_state))
         verify_arrays(meta, where, params=restored.params, opt_state=restored.opt_state)
         return restored.params, restored.opt_state, meta
 
@@ -452,90 +349,6 @@ def _eval_mesh(fsdp: int) -> jax.sharding.Mesh:
     return sharding.create_mesh(MeshConfig(data=-1, fsdp=fsdp))
 
 
-def _saved_params(manager: ocp.CheckpointManager, step: int) -> dict[tuple[str, ...], Any]:
-    """The flat tree of the saved parameters' metadata (shape, dtype) of ``step``."""
-    where = epath.Path(manager.directory) / str(step)
-    try:
-        tree = ocp.StandardCheckpointHandler().metadata(where / "params").tree
-    except Exception as err:  # orbax raises many types for unreadable metadata
-        logging.debug("reading the metadata of %s failed", where, exc_info=err)
-        raise DamagedCheckpointError(
-            f"checkpoint {where} is damaged or unreadable: could not restore its "
-            f"{unreadable_part(err, where, ['params'])} (the cause is logged at debug level, "
-            "--verbosity=1)") from err
-    return traverse_util.flatten_dict(tree)
-
-
-def _restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, abstract,
-                       shardings, *, init_opt_state: Callable | None = None,
-                       abstract_opt_state=None):
-    """(params, opt_state) of a checkpoint saved before the layers were stacked (per-layer
-    names, ``param_names``): the parameters read as saved, verified, stacked through the name
-    table and placed on ``shardings``; CheckpointError in one line when they do not stack onto
-    ``abstract``. The optimizer state is None without ``init_opt_state`` (the optimizer's
-    ``init``); with it, it is read in the layout ``init_opt_state`` gives the saved per-layer
-    parameters, verified, and stacked leaf by leaf onto ``abstract_opt_state`` (host arrays).
-    """
-    where = epath.Path(manager.directory) / str(step)
-    mesh = jax.tree.leaves(shardings)[0].mesh
-    replicated = sharding.replicated(mesh)
-    saved = traverse_util.unflatten_dict(
-        {p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated)
-         for p, m in _saved_params(manager, step).items()})
-    items = {"params": ocp.args.StandardRestore(saved)}
-    if init_opt_state is not None:
-        old_opt_state = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-            jax.eval_shape(init_opt_state, saved))
-        items["opt_state"] = ocp.args.StandardRestore(old_opt_state)
-    restored = _restore(manager, step, **items)
-    verify_arrays(meta, str(where), **{name: restored[name] for name in items})
-    try:
-        stacked = param_names.stack_layers(
-            traverse_util.flatten_dict(jax.device_get(restored.params)))
-    except ValueError as err:
-        raise CheckpointError(f"checkpoint {where}: its per-layer parameters do not stack: "
-                              f"{err}") from None
-    wanted = traverse_util.flatten_dict(abstract)
-    differences = sorted(
-        [f"{'/'.join(p)} missing" for p in wanted if p not in stacked]
-        + [f"{'/'.join(p)} not in this model" for p in stacked if p not in wanted]
-        + [f"{'/'.join(p)} has shape {stacked[p].shape}, this model {wanted[p].shape}"
-           for p in wanted if p in stacked and stacked[p].shape != wanted[p].shape])
-    if differences:
-        raise CheckpointError(
-            f"checkpoint {where} holds per-layer parameters (saved before layers were stacked) "
-            f"that differ from this model's once stacked: {differences[0]}"
-            + (f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""))
-    logging.info("%s: parameters saved per layer (before layers were stacked), stacked on "
-                 "reading", where)
-    params = jax.device_put(traverse_util.unflatten_dict(
-        {p: stacked[p].astype(wanted[p].dtype) for p in wanted}), shardings)
-    if init_opt_state is None:
-        return params, None
-    return params, _stack_leaves(jax.device_get(restored.opt_state), abstract_opt_state)
-
-
-def _components(path) -> tuple[str, ...]:
-    """A pytree key path as strings: list indices, attribute names and dict keys alike."""
-    return tuple(str(getattr(k, "idx", getattr(k, "name", getattr(k, "key", k))))
-                 for k in path)
-
-
-def _stack_leaves(old, abstract):
-    """The tree ``abstract`` filled from ``old`` (the same tree with per-layer parameter
-    paths): each leaf at a stacked path is its layers' leaves stacked (``param_names``)."""
-    leaves = {_components(p): v for p, v in jax.tree_util.tree_flatten_with_path(old)[0]}
-
-    def take(path, leaf):
-        path = _components(path)
-        layers = param_names.layer_paths(path, leaf.shape[0]) if leaf.shape else None
-        return (leaves[path] if layers is None
-                else np.stack([np.asarray(leaves[p]) for p in layers])).astype(leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(take, abstract)
-
-
 def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                      mesh: jax.sharding.Mesh | None = None,
                      config: Config | None = None) -> EvalModel:
@@ -554,7 +367,7 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
     manager = _manager(workdir, kind, keep=None, create=False)
     try:
         where = str(epath.Path(manager.directory) / str(step))
-        meta = _restore(manager, step, meta=ocp.args.JsonRestore()).meta
+        meta = restore_items(manager, step, meta=ocp.args.JsonRestore()).meta
         verify_meta(meta, where)
         if config is not None:
             check_compatible(meta["config"], config, where)
@@ -566,10 +379,11 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
             lambda rng: builders.init_params(model, rng, saved.data.max_sentences),
             jax.random.key(0))
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
-        if param_names.per_layer_paths(_saved_params(manager, step)):
-            params, _ = _restore_per_layer(manager, step, meta, abstract, shardings)
+        if param_names.per_layer_paths(saved_param_shapes(manager, step)):
+            params, _ = per_layer_checkpoints.restore_per_layer(manager, step, meta, abstract,
+                                                                shardings)
         else:
-            params = _restore(manager, step, params=ocp.args.StandardRestore(
+            params = restore_items(manager, step, params=ocp.args.StandardRestore(
                 _abstract(abstract, shardings))).params
             verify_arrays(meta, where, params=params)
     finally:
