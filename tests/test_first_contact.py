@@ -23,12 +23,11 @@ import warnings
 import pytest
 from absl import logging as absl_logging
 
-from trip_jax import cli
 from trip_jax.data import tokenizers
 from trip_jax.data.record_checks import TripDataWarning
 from trip_jax.evaluation import reports
 from trip_jax.models import weights
-from trip_jax.runtime import hub, jax_setup, workdir_lock
+from trip_jax.runtime import hub, jax_setup, terminal, workdir_lock
 from trip_jax.training import checkpoint_reads, checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,20 +176,20 @@ def test_the_tokenizer_flag_follows_the_config():
 
 
 @pytest.fixture
-def terminal():
-    """``cli.terminal_setup()`` for one test: the warning format, the unraisable hook and the
+def terminal_set_up():
+    """``terminal.setup()`` for one test: the warning format, the unraisable hook and the
     asyncio filter are restored afterwards."""
     saved = warnings.formatwarning
     asyncio_filters = list(logging.getLogger("asyncio").filters)
     sys.unraisablehook = sys.__unraisablehook__
-    cli.terminal_setup()
+    terminal.setup()
     yield
     warnings.formatwarning = saved
     sys.unraisablehook = sys.__unraisablehook__
     logging.getLogger("asyncio").filters[:] = asyncio_filters
 
 
-def test_warnings_print_as_one_line(terminal):
+def test_warnings_print_as_one_line(terminal_set_up):
     data = warnings.formatwarning(
         TripDataWarning("data/test.jsonl: 5 stories have states for fewer sentences"),
         TripDataWarning, "/x/trip_jax/data/readers.py", 365, "    return read_pairs(path)")
@@ -226,7 +225,7 @@ def abandon_read(filename: str, name: str) -> None:
     del coroutine  # finalized here: sys.unraisablehook gets the exception
 
 
-def test_leftovers_of_an_aborted_read_go_to_the_debug_log(terminal, caplog, capsys):
+def test_leftovers_of_an_aborted_read_go_to_the_debug_log(terminal_set_up, caplog, capsys):
     orbax_file = os.path.join(os.sep, "x", "orbax", "checkpoint", "serialization.py")
     with caplog.at_level(logging.DEBUG):
         sys.unraisablehook(unraisable(RuntimeError("Event loop is closed")))

@@ -2,18 +2,16 @@
 
 ``flags_parser(...)`` (``trip_jax.main``) and ``command_parser(...)`` (the other commands: their
 flags in a fresh FlagValues) turn absl's and ml_collections' failures into one ``error: ...``
-line naming the flag, file or key; ``terminal_setup()`` keeps warnings to one line.
+line naming the flag, file or key; ``run`` also sets up the terminal (``runtime/terminal.py``).
 """
 
 from __future__ import annotations
 
 import glob
-import logging
 import os
 import re
 import sys
 import traceback
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -22,126 +20,9 @@ from absl import app, flags
 from ml_collections.config_flags import config_flags as config_flags_lib
 
 from trip_jax.config.messages import closest, unknown_choice
+from trip_jax.runtime import terminal
 
 USAGE_EXIT_CODE = 2
-
-
-def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                   line: str | None = None) -> str:
-    """A warning as one line, without Python's source line: ``warning: MESSAGE`` for the
-    project's own warnings (whose message names the file and the problem), ``warning:
-    Category: MESSAGE (FILE:LINE)`` for others; line breaks in the message become spaces."""
-    text = " ".join(str(message).split())
-    if category.__module__.split(".")[0] == "trip_jax":
-        return f"warning: {text}\n"
-    return f"warning: {category.__name__}: {text} ({filename}:{lineno})\n"
-
-
-# Orbax's files (a path segment) and the names of its functions that read a checkpoint.
-_ORBAX_DIR = f"{os.sep}orbax{os.sep}"
-_READING = re.compile(r"read|deserializ|restore", re.IGNORECASE)
-# The functions below run while the interpreter shuts down, when module globals may already be
-# None: what they use is bound as default arguments.
-
-
-def _in_orbax_read(code, orbax_dir: str = _ORBAX_DIR, reading: re.Pattern = _READING) -> bool:
-    """Whether ``code`` (a code object) is one of orbax's checkpoint-reading functions."""
-    return orbax_dir in code.co_filename and reading.search(code.co_name) is not None
-
-
-def _raised_in_orbax_read(err: BaseException | None, in_read=_in_orbax_read) -> bool:
-    """Whether ``err``, or an exception it was raised from, went through an orbax read."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        tb = err.__traceback__
-        while tb is not None:
-            if in_read(tb.tb_frame.f_code):
-                return True
-            tb = tb.tb_next
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def _is_aborted_read_leftover(unraisable, in_read=_in_orbax_read,
-                              raised_in_read=_raised_in_orbax_read) -> bool:
-    """An unraisable exception left by a checkpoint read that orbax gave up on (TensorStore's
-    reads still under way, one per array): a callback arriving after its asyncio loop was
-    closed, or an unfinished read coroutine failing as it is finalized (at the latest, as the
-    interpreter shuts down)."""
-    if (unraisable.exc_type is RuntimeError
-            and str(unraisable.exc_value) == "Event loop is closed"):
-        return True
-    code = getattr(unraisable.object, "cr_code", None)  # a coroutine's code
-    return (code is not None and in_read(code)) or raised_in_read(unraisable.exc_value)
-
-
-def _is_aborted_read_record(record: logging.LogRecord, orbax_dir: str = _ORBAX_DIR,
-                            reading: re.Pattern = _READING,
-                            raised_in_read=_raised_in_orbax_read) -> bool:
-    """An asyncio log record about the same leftovers: a read task destroyed while pending,
-    or a read's exception never retrieved."""
-    if record.exc_info and raised_in_read(record.exc_info[1]):
-        return True
-    message = str(record.msg)
-    return orbax_dir in message and reading.search(message) is not None
-
-
-def _quiet_unraisable_hook(default_hook: Callable[[Any], None]) -> Callable[[Any], None]:
-    """An ``unraisablehook`` that logs ``_is_aborted_read_leftover`` cases at debug level and
-    passes the others to ``default_hook``; it never raises."""
-    is_leftover, debug = _is_aborted_read_leftover, logging.getLogger(__name__).debug
-
-    def hook(unraisable) -> None:
-        try:
-            leftover = is_leftover(unraisable)
-        except Exception:  # a half-finalized object: hand it on
-            leftover = False
-        if not leftover:
-            default_hook(unraisable)
-            return
-        try:
-            debug("ignored after an aborted checkpoint read: %s: %s",
-                  getattr(unraisable.exc_type, "__name__", unraisable.exc_type),
-                  " ".join(str(unraisable.exc_value).split()))
-        except Exception:  # logging already shut down
-            pass
-
-    hook.quiets_aborted_reads = True
-    return hook
-
-
-def _quiet_record_filter() -> Callable[[logging.LogRecord], bool]:
-    """A filter for the ``asyncio`` logger that turns ``_is_aborted_read_record`` records into
-    one debug line of this module's logger; it never raises."""
-    is_leftover, debug = _is_aborted_read_record, logging.getLogger(__name__).debug
-
-    def keep(record: logging.LogRecord) -> bool:
-        try:
-            if not is_leftover(record):
-                return True
-            debug("ignored after an aborted checkpoint read: %s",
-                  " ".join(record.getMessage().split()))
-        except Exception:  # a half-finalized record or logging shut down: drop it quietly
-            pass
-        return False
-
-    keep.quiets_aborted_reads = True
-    return keep
-
-
-def terminal_setup() -> None:
-    """What a person reads on the terminal, set once by each entry point: every warning is
-    ``format_warning``'s one line, and the leftovers of an aborted checkpoint read (a traceback
-    per array after the run's own ``error:`` line, as unraisable exceptions or asyncio errors,
-    possibly while the interpreter shuts down) go to the log at debug level."""
-    warnings.formatwarning = format_warning
-    if getattr(sys.unraisablehook, "quiets_aborted_reads", False):
-        return  # set already (a second command in the same process)
-    sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
-    asyncio_logger = logging.getLogger("asyncio")
-    if not any(getattr(f, "quiets_aborted_reads", False) for f in asyncio_logger.filters):
-        asyncio_logger.addFilter(_quiet_record_filter())
 
 
 class UsageError(Exception):
@@ -390,8 +271,8 @@ def command_parser(define: Callable[[flags.FlagValues], None]
     """The ``flags_parser`` of a command other than ``trip_jax.main`` (``run``): ``define``
     puts its flags into a fresh FlagValues at each parse, so commands imported together never
     clash; a mapping of names to ``define`` makes the first argument a command (as ``python -m
-    trip_jax.datatools stats``). ``--help`` prints ``doc`` and the flags, exit 0; any mistake (also a
-    UsageError of ``check(command)``) is ``flags_parser``'s one line, exit 2."""
+    trip_jax.datatools stats``). ``--help`` prints ``doc`` and the flags, exit 0; any mistake (also
+    a UsageError of ``check(command)``) is ``flags_parser``'s one line, exit 2."""
 
     def parse(argv: Sequence[str]) -> Command:
         argv = list(argv)
@@ -428,7 +309,9 @@ def command_parser(define: Callable[[flags.FlagValues], None]
 def run(main: Callable[[Command], int | None], parser: Callable[[Sequence[str]], Command]
         ) -> None:
     """``absl.app.run(main)`` with ``parser`` (``command_parser``) as its flags parser; absl's
-    own flags (logging) keep their defaults, as under ``trip_jax.main``."""
+    own flags (logging) keep their defaults, as under ``trip_jax.main``; the terminal is set up
+    first (``terminal.setup``)."""
+    terminal.setup()
 
     def parse(argv: list[str]) -> Command:
         command = parser(argv)

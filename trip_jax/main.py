@@ -21,12 +21,12 @@ from ml_collections import config_flags
 from trip_jax import cli, cross_validate, train
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate, predict, random_baseline
-from trip_jax.runtime import distributed, hub, jax_setup, sharding, workdir_lock
+from trip_jax.runtime import distributed, hub, jax_setup, sharding, terminal, workdir_lock
 from trip_jax.training import checkpoints
 from trip_jax.config import sections
 from trip_jax.config.messages import ConfigError, unknown_choice
 from trip_jax.config.typed import typed
-from trip_jax.data import layouts, readers
+from trip_jax.data import readers
 from trip_jax.data.entities import SpacyModelError
 from trip_jax.data.readers import TripDataError
 
@@ -203,7 +203,7 @@ def main(argv) -> None:
     joins a multi-process run if there is one, checks the config against its devices, then runs
     the selected mode with it (the flags are already parsed and checked by ``parse_flags``)."""
     del argv  # parse_flags refuses extra arguments
-    cli.terminal_setup()
+    terminal.setup()
     if FLAGS.show_config:  # shows and stops, before any device or workdir is touched
         print(FLAGS.config, flush=True)
         return

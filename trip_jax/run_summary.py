@@ -176,7 +176,6 @@ parse_flags = cli.command_parser(define_flags, doc=__doc__, positional="RUN_DIR"
 
 def main(command: cli.Command) -> int:
     """Runs the parsed command (``parse_flags``): RUN_DIR arguments, ``--out``, ``--data_dir``."""
-    cli.terminal_setup()
     values, runs = command.values, command.args
     try:
         summary = summarize(runs, values.data_dir)

@@ -298,7 +298,6 @@ def _marker_dir(args: flags.FlagValues) -> str:
 def main(command: cli.Command) -> int:
     """Runs the parsed command (``parse_flags``); returns the exit status (0, 1 for missing
     data, 2 for bad input)."""
-    cli.terminal_setup()
     args = command.values
     try:
         with open(args.predictions, encoding="utf-8") as f:

@@ -129,7 +129,6 @@ def main(command: cli.Command) -> int:
     from trip_jax.datatools.download import DownloadError
     from trip_jax.data.entities import SpacyModelError
 
-    cli.terminal_setup()
     try:
         COMMANDS[command.args[0]][1](command.values)
     except (readers.TripDataError, DownloadError, SpacyModelError) as err:
