@@ -14,13 +14,12 @@ import re
 import shutil
 import types
 
-import jax
 import numpy as np
 import pytest
 
 from trip_jax.config.typed import typed
 from trip_jax.data import input_pipeline, protocol, schema
-from trip_jax.evaluation import evaluate, metrics, random_baseline
+from trip_jax.evaluation import evaluate, metrics, model_names, random_baseline
 from trip_jax.training import checkpoints
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -256,7 +255,7 @@ def test_eval_batch_size_is_rounded_up_to_the_devices():
     ("./encoders/my_bert/", "my_bert"),
 ])
 def test_an_encoder_is_named_without_its_path(encoder, label):
-    assert evaluate.encoder_label(encoder) == label
+    assert model_names.encoder_label(encoder) == label
 
 
 def test_a_local_encoder_directory_is_named_by_its_folder(tmp_path, tiny_config):
@@ -264,11 +263,11 @@ def test_a_local_encoder_directory_is_named_by_its_folder(tmp_path, tiny_config)
     encoder.mkdir()
     config = tiny_config()
     config.model.encoder, config.recipe, config.train.seed = str(encoder), "tuned", 38
-    assert evaluate.model_name(config) == "tiny_bert (tuned, seed 38)"
-    with evaluate.named("my model"):
-        assert evaluate.model_name(config) == "my model"
-    with evaluate.named(None):
-        assert evaluate.model_name(config) == "tiny_bert (tuned, seed 38)"
+    assert model_names.model_name(config) == "tiny_bert (tuned, seed 38)"
+    with model_names.named("my model"):
+        assert model_names.model_name(config) == "my model"
+    with model_names.named(None):
+        assert model_names.model_name(config) == "tiny_bert (tuned, seed 38)"
 
 
 def test_name_flag_names_the_model_in_the_reports(workdir, run_main, tmp_path):

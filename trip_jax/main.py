@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 from trip_jax import cli, cross_validate, train
 from trip_jax.data import input_pipeline
-from trip_jax.evaluation import evaluate, predict, random_baseline
+from trip_jax.evaluation import evaluate, model_names, predict, random_baseline
 from trip_jax.runtime import distributed, hub, jax_setup, sharding, terminal, workdir_lock
 from trip_jax.training import checkpoints
 from trip_jax.config import sections
@@ -225,7 +225,7 @@ def main(argv) -> None:
                      where / checkpoints.CONFIG_FILE)
     try:
         jax_setup.configure_jax(config)
-        with evaluate.named(FLAGS.name):
+        with model_names.named(FLAGS.name):
             MODES[FLAGS.mode](config, FLAGS.workdir)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)

