@@ -328,7 +328,7 @@ def test_a_damaged_checkpoint_is_one_line_without_tensorstore(damaged_workdir, c
 def test_unreadable_part_without_a_tensorstore_message(tmp_path):
     where = tmp_path / "4"
     assert checkpoint_reads.unreadable_part(UnicodeDecodeError("utf-8", b"\x99", 0, 1, "bad"),
-                                       where, ["meta"]) == "meta/ folder"
+                                            where, ["meta"]) == "meta/ folder"
 
 
 def terminal_lines(result: subprocess.CompletedProcess) -> list[str]:

@@ -17,10 +17,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # whole sub-package of trip_jax (the longest name that matches decides: "data.schema" before
 # "data"); "benchmarks" for every benchmark. The role groups follow the data's path: the config
 # schema, the command line (``cli``, with the terminal it sets up) and the process-wide runtime
-# under the data (files -> pairs -> arrays, layouts, the batch contract), the original implementation's pieces (``reference``: jax, flax and optax
-# only) under the model and training that choose them, the model on the data, training on the
-# model, evaluation on training's checkpoints and steps; the training loop and the commands
-# (datatools: the data's side tools) at the top.
+# under the data (files -> pairs -> arrays, layouts, the batch contract), the original
+# implementation's pieces (``reference``: jax, flax and optax only) under the model and training
+# that choose them, the model on the data, training on the model, evaluation on training's
+# checkpoints and steps; the training loop and the commands (datatools: the data's side tools)
+# at the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("data.schema",),
     ("config",),

@@ -244,6 +244,7 @@ class Evaluator:
 # ------------------------------------------------------------------------------------------
 # Reports.
 
+
 def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:
     """What a checkpoint report says about its origin: model, checkpoint, protocol, data, the
     story loss weight (0: the story choice of ``decoding.READS_STORY_LOGITS`` is untrained)."""

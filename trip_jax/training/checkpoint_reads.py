@@ -65,7 +65,7 @@ def unreadable_part(err: BaseException, where: epath.Path, items) -> str:
 def _damaged(err: Exception, where: epath.Path, items) -> DamagedCheckpointError:
     """The one-line error for ``items`` of the checkpoint at ``where`` that ``err`` kept from
     being read; the full cause goes to the log at debug level."""
-    logging.debug("reading %s failed", where, exc_info=err)
+    logging.debug("reading %s (%s) failed", where, ", ".join(items), exc_info=err)
     return DamagedCheckpointError(
         f"checkpoint {where} is damaged or unreadable: could not restore its "
         f"{unreadable_part(err, where, items)} (the cause is logged at debug level, "
