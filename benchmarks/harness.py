@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from benchmarks import cases, flops
-from trip_jax.config.typed import typed
+from trip_jax.config.sections import Config
+from trip_jax.config.typed import replace, typed
 from trip_jax.data import input_pipeline, protocol
 from trip_jax.models import builders
 from trip_jax.runtime import sharding
@@ -44,15 +44,6 @@ MODES: tuple[str, ...] = ("eval", "train")
 _SCHEDULE_STEPS = 10_000
 
 
-def set_config_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
-    """Sets the dotted ``key`` (e.g. "data.layout") of ``config``."""
-    *path, leaf = key.split(".")
-    node = config
-    for part in path:
-        node = node[part]
-    node[leaf] = value
-
-
 @dataclasses.dataclass
 class ModelData:
     """One model's run configuration and the pairs, raw and tokenized with its tokenizer.
@@ -63,7 +54,7 @@ class ModelData:
     """
 
     name: str
-    config: ml_collections.ConfigDict
+    config: Config  # typed (trip_jax.config.typed)
     tokenizer: Any
     pairs: list[StoryPair]
     encoded: list[EncodedPair]
@@ -76,15 +67,13 @@ class ModelData:
         """Model ``name`` (``cases.model_config``) with ``overrides`` (dotted config keys) set,
         and the pairs of ``split`` ("dev", or "dev_train": what a dev_train run trains on) of
         ``data_dir`` (default: ``$TRIP_DATA_DIR``); ``max_pairs`` keeps the first N pairs."""
-        config = cases.model_config(name, dtype=dtype, remat=remat)
-        for key, value in (overrides or {}).items():
-            set_config_value(config, key, value)
-        config.data.data_dir = data_dir
+        changes = {**(overrides or {}), "data.data_dir": data_dir}
         if split == "dev_train":
             # The pairs a dev_train run trains on: dev minus its held-out slice.
-            config.data.protocol = "dev_train"
+            changes["data.protocol"] = "dev_train"
         elif split != "dev":
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        config = replace(typed(cases.model_config(name, dtype=dtype, remat=remat)), changes)
         splits = protocol.load_protocol_splits(config.data)
         if split == "dev_train":
             pairs = splits.train
@@ -110,18 +99,17 @@ class ModelData:
     def layout_named(self, name: str) -> Layout:
         """The layout ``name`` (``trip_jax.data.layouts``) with the config's other data keys,
         E and T chosen per batch (no fixed entity count or ``data.seq_len``)."""
-        data = self.config.data.copy_and_resolve_references()
-        data.layout, data.seq_len = name, 0
-        return layouts.from_config(data)
+        return layouts.from_config(
+            replace(self.config, {"data.layout": name, "data.seq_len": 0}).data)
 
     @property
     def tiered(self) -> TieredConfig:
         """The tiered architecture of the model's config."""
-        return typed(self.config).model.tiered
+        return self.config.model.tiered
 
     def encoder_config(self):
         """The Hugging Face config of the model's encoder (no weights loaded)."""
-        model = typed(self.config).model
+        model = self.config.model
         if model.encoder:
             return weights.load_config(weights.resolve_model_dir(model.encoder))
         return builders.random_encoder_config(model, self.tokenizer)
@@ -160,7 +148,7 @@ class Harness:
         data = ModelData.load(name, **load)
         from trip_jax.training import step as training_step  # noqa: PLC0415 - not for ModelData
 
-        config = typed(data.config)
+        config = data.config
         hf_config, encoder_params = builders.build_encoder_config(config.model, data.tokenizer)
         model = builders.build_model(config, hf_config)
         trainer = training_step.build_trainer(config, model, sharding.create_mesh(config.mesh),

@@ -38,7 +38,7 @@ def profile_step(model: str, layout: str, batch_size: int, *, iters: int = 3,
     local = h.layout_batch(layout, harness.representative_pairs(h.encoded, batch_size))
     batch = h.to_device(local)
     tiered = h.trainer.model
-    loss_config = losses.LossConfig.from_mapping(h.config.loss)
+    loss_config = h.config.loss
     params = h.state.params
     rng = jax.random.key(1)
 

@@ -14,8 +14,9 @@ import subprocess
 
 import pytest
 
-from benchmarks import (cases, compile_seconds, flops, harness, report, run, step_profile,
-                        train_speed, unroll_encoder)
+from benchmarks import (cases, compile_seconds, flops, report, run, step_profile, train_speed,
+                        unroll_encoder)
+from trip_jax.config.typed import replace, typed
 from trip_jax.models.tiered import TieredConfig
 
 TORCH_FIELDS = {"first_run_s", "step_s", "step_s_all", "pairs_per_s", "real_rows_per_s",
@@ -184,9 +185,8 @@ def test_targets_say_met_or_by_how_much_missed():
 
 
 def test_layout_table_sets_config_keys_and_batch_sizes():
-    config = cases.model_config("tiny")
-    for key, value in {"data.layout": "dense", "model.tiered.detector_layers": 3}.items():
-        harness.set_config_value(config, key, value)
+    config = replace(typed(cases.model_config("tiny")),
+                     {"data.layout": "dense", "model.tiered.detector_layers": 3})
     assert config.data.layout == "dense" and config.model.tiered.detector_layers == 3
     assert cases.LAYOUTS["packed_tokens"].overrides == {
         "data.layout": "packed_tokens", "data.seq_len": 0, "model.tiered.cells": "real"}
