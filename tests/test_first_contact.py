@@ -177,15 +177,15 @@ def test_the_tokenizer_flag_follows_the_config():
 
 @pytest.fixture
 def terminal_set_up():
-    """``terminal.setup()`` for one test: the warning format, the unraisable hook and the
-    asyncio filter are restored afterwards."""
-    saved = warnings.formatwarning
+    """``terminal.setup()`` over Python's own unraisable hook, for one test: the warning format,
+    the unraisable hook (pytest's, which collects the later tests' unraisable exceptions) and
+    the asyncio filter are restored afterwards."""
+    saved, saved_hook = warnings.formatwarning, sys.unraisablehook
     asyncio_filters = list(logging.getLogger("asyncio").filters)
     sys.unraisablehook = sys.__unraisablehook__
     terminal.setup()
     yield
-    warnings.formatwarning = saved
-    sys.unraisablehook = sys.__unraisablehook__
+    warnings.formatwarning, sys.unraisablehook = saved, saved_hook
     logging.getLogger("asyncio").filters[:] = asyncio_filters
 
 
