@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 from trip_jax import cli, cross_validate, train
 from trip_jax.data import input_pipeline
-from trip_jax.evaluation import evaluate, model_names, predict, random_baseline
+from trip_jax.evaluation import ensemble, evaluate, model_names, predict, random_baseline
 from trip_jax.runtime import distributed, hub, jax_setup, sharding, terminal, workdir_lock
 from trip_jax.training import checkpoints
 from trip_jax.config import sections
@@ -34,9 +34,14 @@ FLAGS = flags.FLAGS
 
 
 def _evaluate(config, workdir: str) -> dict[str, Any]:
-    """--mode=evaluate: scores --checkpoint on --split, writes DIR/eval/."""
-    result = evaluate.evaluate_checkpoint(config, workdir, FLAGS.checkpoint, FLAGS.split,
-                                          progress=True)
+    """--mode=evaluate: scores --checkpoint (of every --members workdir: their ensemble) on
+    --split, writes DIR/eval/."""
+    if FLAGS.members:
+        result = ensemble.evaluate_ensemble(config, workdir, FLAGS.members, FLAGS.checkpoint,
+                                            FLAGS.split, progress=True)
+    else:
+        result = evaluate.evaluate_checkpoint(config, workdir, FLAGS.checkpoint, FLAGS.split,
+                                              progress=True)
     if result["paths"]:
         stem = result["paths"]["json"].name.removesuffix(".json")
         print(f"wrote {result['paths']['markdown']} and the other {stem}.* reports")
@@ -47,7 +52,8 @@ def _predict(config, workdir: str) -> dict[str, Any]:
     """--mode=predict: explains the story pairs of --input with --checkpoint."""
     if not FLAGS.input:
         raise app.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
-    return predict.run(config, workdir, FLAGS.input, FLAGS.output, FLAGS.checkpoint)
+    return predict.run(config, workdir, FLAGS.input, FLAGS.output, FLAGS.checkpoint,
+                       members=FLAGS.members or ())
 
 
 def _random_baseline(config, workdir: str) -> dict[str, Any]:
@@ -72,7 +78,9 @@ TRAINING_MODES = ("train", "cross_validate")
 # Errors in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
                input_pipeline.UnknownSplitError, predict.PredictionError,
-               workdir_lock.WorkdirLocked, hub.HubUnavailableError)
+               workdir_lock.WorkdirLocked, hub.HubUnavailableError, ensemble.EnsembleError)
+# The modes that read --members (an ensemble of trained workdirs).
+ENSEMBLE_MODES = ("evaluate", "predict")
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
@@ -96,6 +104,9 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
                         flag_values=values)
     flags.DEFINE_string("output", None, "predict: where to write the answers (default: "
                         "WORKDIR/predict/<input stem>.jsonl).", flag_values=values)
+    flags.DEFINE_list("members", None, "evaluate/predict: trained workdirs DIR,DIR,... whose "
+                      "averaged beliefs answer as one model (an ensemble; --checkpoint of each); "
+                      "--workdir takes the reports.", flag_values=values)
     flags.DEFINE_string("name", None, "The model's name in the reports and pages this command "
                         "writes (default: ENCODER (RECIPE, seed SEED), read off the config).",
                         flag_values=values)
@@ -117,6 +128,11 @@ def check_flags(values: flags.FlagValues) -> None:
             "checkpoint", which, [*checkpoints.KINDS, "STEP"]))
     if values.split not in SPLIT_NAMES:
         raise cli.UsageError("--split: " + unknown_choice("split", values.split, SPLIT_NAMES))
+    if values.members is not None and values.mode not in ENSEMBLE_MODES:
+        raise cli.UsageError(f"--members: --mode={values.mode} does not read it (only "
+                             f"{' and '.join('--mode=' + m for m in ENSEMBLE_MODES)})")
+    if values.members is not None and not values.members:
+        raise cli.UsageError("--members: names no workdir (DIR,DIR,...)")
     if values.mode == "predict" and not values.input:
         raise cli.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
 

@@ -1,8 +1,8 @@
 """The spread of a recipe over runs: mean and min-max of the test scores of several workdirs.
 
-``python -m trip_jax.run_summary RUN_DIR ... [--out=DIR]`` reads each run's
-``reports/test.json`` and ``metrics.jsonl`` only and writes ``DIR/summary.{md,json}``.
-Details: docs/reference.md#metrics ("Curated and implicit pairs").
+``python -m trip_jax.run_summary RUN ... [--out=DIR]`` reads each run's ``reports/test.json`` and
+``metrics.jsonl`` (or a RUN ending in ``.json``: that evaluation report, e.g. an ensemble's) and
+writes ``DIR/summary.{md,json}``. Details: docs/reference.md#metrics ("Curated and implicit pairs").
 """
 
 from __future__ import annotations
@@ -29,18 +29,25 @@ STATE_F1: tuple[str, ...] = ("precondition_f1", "effect_f1")
 
 
 def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, Any]:
-    """One run's facts: name, seed, selected step and epoch, test scores of every decoding,
-    state F1s, held-out scores of the selected step, the wall time (``wall_time`` records) and
+    """One run's facts (a workdir, or an evaluation report ``.json``): name, seed, selected step
+    and epoch, test scores of every decoding, state F1s, held-out scores of the selected step, the wall time (``wall_time`` records) and
     the curated / implicit split (``marker_split``). Raises FileNotFoundError naming the missing
     file."""
     run = epath.Path(run_dir)
-    report_path, log_path = run / "reports" / "test.json", run / "metrics.jsonl"
-    for path in (report_path, log_path):
-        if not path.exists():
-            raise FileNotFoundError(f"{path} is missing: is {run} a finished training run?")
+    if run.suffix == ".json":  # an evaluation's report set (e.g. an ensemble's): no training log
+        if not run.is_file():
+            raise FileNotFoundError(f"{run} is missing")
+        report_path, log_path = run, None
+        predictions = run.with_name(run.name.removesuffix(".json") + ".predictions.jsonl")
+    else:
+        report_path, log_path = run / "reports" / "test.json", run / "metrics.jsonl"
+        predictions = run / "reports" / "test.predictions.jsonl"
+        for path in (report_path, log_path):
+            if not path.exists():
+                raise FileNotFoundError(f"{path} is missing: is {run} a finished training run?")
     report = metric_log.current_names(json.loads(report_path.read_text()))
     scores = report["metrics"]
-    log = metric_log.read_metrics(log_path)
+    log = metric_log.read_metrics(log_path) if log_path else []
     config_path = run / "config.json"
     seed = (migrate.read_key(json.loads(config_path.read_text()), "train.seed", str(config_path))
             if config_path.exists() else None)
@@ -51,22 +58,21 @@ def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, 
     held_out = next((r for r in log if r["step"] == step and "verifiability" in r
                      and r["split"] != "test"), {})
     return {
-        "run": run.name, "seed": seed,
+        "run": run.name.removesuffix(".json"), "seed": seed,
         "decoding": scores.get("decoding", "independent"), "step": step,
         "epoch": report.get("epoch"),
         "test": test, **{k: scores[k] for k in STATE_F1},
         "held_out": {t: held_out.get(t) for t in TIER_METRICS},
         "wall_seconds": sum(r["seconds"] for r in log if r["split"] == "wall_time") or None,
-        "by_marker": report.get("by_marker") or marker_split(run / "reports", data_dir),
+        "by_marker": report.get("by_marker") or marker_split(predictions, data_dir),
     }
 
 
-def marker_split(reports_dir: epath.Path, data_dir: str | None) -> dict[str, Any]:
-    """``curated.marker_split`` of a test report's ``test.predictions.jsonl`` (pair ids matched
-    to test pairs of ``data_dir``, default ``$TRIP_DATA_DIR``); not found without the data."""
+def marker_split(predictions: epath.Path, data_dir: str | None) -> dict[str, Any]:
+    """``curated.marker_split`` of a test report's predictions file (pair ids matched to test
+    pairs of ``data_dir``, default ``$TRIP_DATA_DIR``); not found without the data."""
     name = curated.MARKER_FILE.format(split="test")
     data_dir = data_dir or os.environ.get(readers.DATA_DIR_ENV)
-    predictions = reports_dir / "test.predictions.jsonl"
     if not data_dir or not predictions.exists():
         return curated.marker_split([], None, name)
     ids, path = None, curated.marker_path(data_dir, "test")
@@ -113,7 +119,8 @@ def markdown(summary: dict[str, Any]) -> str:
             t = r["test"][m]
             held = " / ".join(pct(r["held_out"][k]) for k in TIER_METRICS)
             wall = "–" if r["wall_seconds"] is None else f"{r['wall_seconds']:.0f}"
-            lines.append(f"| {r['run']} | {r['seed']} | {r['step']} ({r['epoch']:.0f}) | {m} "
+            when = "–" if r["step"] is None else f"{r['step']} ({(r['epoch'] or 0):.0f})"
+            lines.append(f"| {r['run']} | {r['seed'] or '–'} | {when} | {m} "
                          f"| {pct(t['accuracy'])} | {pct(t['consistency'])} "
                          f"| {pct(t['verifiability'])} | {pct(r['precondition_f1'])} / "
                          f"{pct(r['effect_f1'])} | {held} | {wall} |")
@@ -182,7 +189,8 @@ def main(command: cli.Command) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    out = epath.Path(values.out or os.path.commonpath([os.path.abspath(r) for r in runs]))
+    folders = [os.path.dirname(r) if r.endswith(".json") else r for r in runs]
+    out = epath.Path(values.out or os.path.commonpath([os.path.abspath(r) for r in folders]))
     out.mkdir(parents=True, exist_ok=True)
     paths.write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     paths.write_atomic(out / "summary.md", markdown(summary))

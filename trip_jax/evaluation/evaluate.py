@@ -21,8 +21,9 @@ from etils import epath
 from trip_jax.config.sections import Config
 from trip_jax.config.typed import typed
 from trip_jax.data import batch_contract, curated, input_pipeline, protocol
-from trip_jax.evaluation import (decoding, explain, explorer, metrics, model_names,
-                                 random_baseline, reports)
+from trip_jax.evaluation import (decoding, explorer, metrics, model_names, random_baseline,
+                                 reports)
+from trip_jax.evaluation import explain as explain_lib
 from trip_jax.runtime import sharding
 from trip_jax.training import checkpoints
 from trip_jax.data import layouts
@@ -75,11 +76,12 @@ def decoded_metrics(arrays: Mapping[str, np.ndarray], config: decoding.DecodingC
     return scores, chosen, outcomes
 
 
-def _pad_entities(value: np.ndarray, entities: int) -> np.ndarray:
-    """Pads axis 2 (E) of a [B, 2, E, S, ...] array with zeros (padding rows)."""
-    extra = entities - value.shape[2]
-    if extra == 0:
+def pad_entities(value: np.ndarray, entities: int) -> np.ndarray:
+    """Pads axis 2 (E) of a [B, 2, E, S, ...] array with zeros (padding rows); an array of
+    fewer axes is returned as it is."""
+    if value.ndim < 4 or value.shape[2] == entities:
         return value
+    extra = entities - value.shape[2]
     widths = [(0, 0)] * value.ndim
     widths[2] = (0, extra)
     return np.pad(value, widths)
@@ -196,7 +198,7 @@ class Evaluator:
         for key in outputs[0]:
             parts = [o[key][o["pair_mask"]] for o in outputs]
             if parts[0].ndim >= 4:
-                parts = [_pad_entities(p, entities) for p in parts]
+                parts = [pad_entities(p, entities) for p in parts]
             merged[key] = np.concatenate(parts)
         order = np.argsort(merged["pair_index"])
         merged = {k: v[order] for k, v in merged.items()}
@@ -206,39 +208,47 @@ class Evaluator:
         return Predictions(merged, {k: v / max(real_pairs, 1) for k, v in loss_sums.items()})
 
     def run(self, params) -> Evaluation:
-        """Scores ``params`` under the evaluator's decoding (``decoded_metrics``: tiered metrics,
-        every decoding's tiers side by side) plus mean losses ("loss/NAME"), with per-pair
-        records (pair id, label, predicted story, ``metrics.outcome_record``, every decoding's
-        tiers, the states that decide verifiability (``explain.deciding_states``), and with
-        ``explain`` the explanation, naming the backing states when decoding is coherent)."""
-        predictions = self.predict(params)
-        merged = predictions.arrays
-        scores, decoded, outcomes = decoded_metrics(merged, self.decoding)
-        scores.update({f"loss/{k}": v for k, v in predictions.losses.items()})
-        records = []
-        for n, i in enumerate(merged["pair_index"]):
-            pair = self.pairs[int(i)]
-            story_pred = int(decoded.story_pred[n])
-            label = int(merged["story_label"][n])
-            record = {"pair_id": pair.pair_id, "label": label,
-                      "predicted_story": story_pred, "decoding": self.decoding.method,
-                      **metrics.outcome_record(outcomes[self.decoding.method], n),
-                      "by_decoding": {method: {key: bool(result[key][n]) for key in (
-                          "correct", "consistent", "verifiable")}
-                          for method, result in outcomes.items()}}
-            record["deciding_states"] = explain.deciding_states(
-                1 - label, record["gold_conflict"], merged["pre_label"][n], decoded.pre_pred[n],
-                merged["eff_label"][n], decoded.eff_pred[n], pair.stories[1 - label].entities,
-                pair.stories[1 - label].num_sentences)
-            if self.explain:
-                found = decoded.contradictions[n]
-                record["explanation"] = explain.explain_pair(
-                    story_pred, decoded.conflict_prob[n], decoded.pre_pred[n],
-                    decoded.eff_pred[n], [s.entities for s in pair.stories],
-                    [s.sentences for s in pair.stories],
-                    backing=None if found is None else found.as_dict())
-            records.append(record)
-        return Evaluation(scores, records)
+        """Scores ``params``: ``score_predictions`` of ``predict(params)``."""
+        return score_predictions(self.predict(params), self.pairs, self.decoding,
+                                 explain=self.explain)
+
+
+def score_predictions(predictions: Predictions, pairs: Sequence[StoryPair],
+                      decoding_config: decoding.DecodingConfig, *, explain: bool = False
+                      ) -> Evaluation:
+    """Scores eval-step outputs of ``pairs`` (``Predictions``, in dataset order) under
+    ``decoding_config`` (``decoded_metrics``: tiered metrics, every decoding's tiers side by
+    side) plus mean losses ("loss/NAME"), with per-pair records (pair id, label, predicted
+    story, ``metrics.outcome_record``, every decoding's tiers, the states that decide
+    verifiability (``explain.deciding_states``), and with ``explain`` the explanation, naming
+    the backing states when decoding is coherent)."""
+    merged = predictions.arrays
+    scores, decoded, outcomes = decoded_metrics(merged, decoding_config)
+    scores.update({f"loss/{k}": v for k, v in predictions.losses.items()})
+    records = []
+    for n, i in enumerate(merged["pair_index"]):
+        pair = pairs[int(i)]
+        story_pred = int(decoded.story_pred[n])
+        label = int(merged["story_label"][n])
+        record = {"pair_id": pair.pair_id, "label": label,
+                  "predicted_story": story_pred, "decoding": decoding_config.method,
+                  **metrics.outcome_record(outcomes[decoding_config.method], n),
+                  "by_decoding": {method: {key: bool(result[key][n]) for key in (
+                      "correct", "consistent", "verifiable")}
+                      for method, result in outcomes.items()}}
+        record["deciding_states"] = explain_lib.deciding_states(
+            1 - label, record["gold_conflict"], merged["pre_label"][n], decoded.pre_pred[n],
+            merged["eff_label"][n], decoded.eff_pred[n], pair.stories[1 - label].entities,
+            pair.stories[1 - label].num_sentences)
+        if explain:
+            found = decoded.contradictions[n]
+            record["explanation"] = explain_lib.explain_pair(
+                story_pred, decoded.conflict_prob[n], decoded.pre_pred[n],
+                decoded.eff_pred[n], [s.entities for s in pair.stories],
+                [s.sentences for s in pair.stories],
+                backing=None if found is None else found.as_dict())
+        records.append(record)
+    return Evaluation(scores, records)
 
 
 # ------------------------------------------------------------------------------------------
@@ -265,13 +275,21 @@ def write_checkpoint_report(out_dir: str | os.PathLike, split: str,
                             evaluation: Evaluation, restored: checkpoints.EvalModel, splits,
                             pairs: Sequence[StoryPair], *, stem: str | None = None
                             ) -> dict[str, Any]:
-    """Writes a checkpoint's report of one split (module docstring) as ``out_dir/STEM.*``
-    (default stem: ``split``), with the random baseline of the same ``pairs`` as a comparison
-    row and the tiers of the curated and the implicit pairs (``marker_split``), and its
-    explorer page ``STEM.html`` (``explorer.write_page``); returns ``reports.write_report``'s
-    paths and "explorer"."""
+    """Writes a checkpoint's report of one split: ``write_report_set`` with
+    ``report_metadata``."""
+    return write_report_set(out_dir, split, evaluation, report_metadata(restored, splits),
+                            splits, pairs, stem=stem)
+
+
+def write_report_set(out_dir: str | os.PathLike, split: str, evaluation: Evaluation,
+                     metadata: Mapping[str, Any], splits, pairs: Sequence[StoryPair], *,
+                     stem: str | None = None) -> dict[str, Any]:
+    """Writes the report of one split (module docstring) as ``out_dir/STEM.*`` (default stem:
+    ``split``), with the random baseline of the same ``pairs`` as a comparison row and the
+    tiers of the curated and the implicit pairs (``marker_split``), and its explorer page
+    ``STEM.html`` (``explorer.write_page``); returns ``reports.write_report``'s paths and
+    "explorer"."""
     row = random_baseline.random_baseline(pairs, seeds=random_baseline.SEEDS)
-    metadata = report_metadata(restored, splits)
     by_marker = marker_split(splits, split, pairs, evaluation.records)
     stem = stem or split
     paths = reports.write_report(epath.Path(out_dir), split, evaluation.scores, metadata,

@@ -72,7 +72,17 @@ def _scored_card(record: Mapping[str, Any], pair: StoryPair,
                     for method, flags in record.get("by_decoding", {}).items()}}
     if record.get("missing"):
         card["note"] = "missing from the predictions file: counted wrong at every tier"
-    return card
+    return {**card, **_votes(record)}
+
+
+def _votes(record: Mapping[str, Any]) -> dict[str, Any]:
+    """An ensemble's member votes (``ensemble.votes``): "mv" [[name, story, conflict, outcome
+    or None]], "agr" whether all agree; nothing for one model."""
+    if "members" not in record:
+        return {}
+    return {"mv": [[m["name"], m["story"], m["conflict"],
+                    outcome(m) if "correct" in m else None] for m in record["members"]],
+            "agr": bool(record["members_agree"])}
 
 
 def _predicted_card(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,7 +96,7 @@ def _predicted_card(record: Mapping[str, Any]) -> dict[str, Any]:
             "ec": [conflict["evidence"], conflict["breakpoint"]], "weak": not conflict["detected"],
             "ex": record["text"],
             "ps": [[s["entity"], s["attribute"], s["side"], s["sentence"], s["value"]]
-                   for s in record["states"]]}
+                   for s in record["states"]], **_votes(record)}
 
 
 def pair_cards(records: Iterable[Mapping[str, Any]], pairs: Sequence[StoryPair] | None = None,
@@ -111,6 +121,19 @@ def _tier_rows(metrics: Mapping[str, Any], name: str,
     """[row name, accuracy, consistency, verifiability] of the baselines and the model."""
     rows = {**(baselines or {}), name: metrics}
     return [[row, *(pct(m.get(key)) for key, _ in TIERS)] for row, m in rows.items()]
+
+
+def _member_rows(metadata: Mapping[str, Any]) -> list[list[str]]:
+    """[member name, three tiers] of an ensemble's members, then their mean (min-max)."""
+    members = metadata.get("members") or []
+    rows = [[f"member {m['name']}", *(pct(m["metrics"][key]) for key, _ in TIERS)]
+            for m in members]
+    if members:
+        spread = metadata["members_spread"]
+        rows.append(["members' mean (min–max)", *(
+            f"{pct(spread[key]['mean'])} ({pct(spread[key]['min'])}–{pct(spread[key]['max'])})"
+            for key, _ in TIERS)])
+    return rows
 
 
 def _decoding_rows(metrics: Mapping[str, Any]) -> list[list[str]]:
@@ -167,7 +190,9 @@ def render_page(title: str, cards: Sequence[Mapping[str, Any]], *,
     facts.append(("pairs", len(cards)))
     return _environment().get_template(TEMPLATE).render(
         title=title, facts=facts, gold=metrics is not None, tiers=TIERS,
-        tier_rows=_tier_rows(metrics, str(metadata.get("model", "model")), baselines)
+        members=any("mv" in card for card in cards),
+        tier_rows=_member_rows(metadata)
+        + _tier_rows(metrics, str(metadata.get("model", "model")), baselines)
         if metrics is not None else [],
         decoding_rows=_decoding_rows(metrics) if metrics is not None else [],
         reported_decoding=(metrics or {}).get("decoding"),

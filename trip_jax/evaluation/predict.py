@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
 from etils import epath
 
 from trip_jax.config.sections import Config
 from trip_jax.config.typed import typed
 from trip_jax.data import input_pipeline
-from trip_jax.evaluation import decoding, evaluate, explain, explorer, reports
+from trip_jax.evaluation import decoding, ensemble, evaluate, explain, explorer, reports
 from trip_jax.training import checkpoints
 from trip_jax.data import entities as entity_lib
 from trip_jax.data import layouts
@@ -195,39 +196,64 @@ def _pair(request: Request, names: tuple) -> StoryPair:
 
 def predict_file(config: Config | Any, workdir: str, input_path: str,
                  output_path: str | None = None,
-                 which: str | int = checkpoints.SELECTED) -> dict[str, Any]:
-    """Answers every good line of ``input_path`` with checkpoint ``which`` (module docstring).
+                 which: str | int = checkpoints.SELECTED,
+                 members: Sequence[str] = ()) -> dict[str, Any]:
+    """Answers every good line of ``input_path`` with checkpoint ``which`` (module docstring);
+    with ``members`` (trained workdirs), with their ensemble (``ensemble.average``; each answer
+    lists the members' votes), ``workdir`` then only taking the answers.
 
     Returns {"answers": [record], "problems": {line: message} in line order, "output": the path
     written}. Raises PredictionError when the input file is missing, CheckpointError for a
-    missing, unreadable or mismatched checkpoint. ``config``: typed, or a ConfigDict it is built
-    from (``trip_jax.config.typed``).
+    missing, unreadable or mismatched checkpoint, EnsembleError for a member that does not fit.
+    ``config``: typed, or a ConfigDict it is built from (``trip_jax.config.typed``).
     """
     config = typed(config)
-    restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
-    max_sentences = restored.config.data.max_sentences
+    sources = ensemble.check_members(members) if members else [str(workdir)]
+    if members:
+        max_sentences = checkpoints.saved_run_config(sources[0]).data.max_sentences
+    else:
+        restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
+        max_sentences = restored.config.data.max_sentences
     requests, problems = read_requests(input_path, max_sentences)
     resolved, more = resolve_entities(requests, config.data.spacy_model)
     problems.update(more)
     pairs = [_pair(request, names) for request, names, _ in resolved]
     layout = layouts.from_config(config.data)
-    encoded = input_pipeline.encode(pairs, restored.tokenizer, layout)
     key, limit = layout.max_row_tokens()
+    tokenizers = ([checkpoints.load_tokenizer(source) for source in sources] if members
+                  else [restored.tokenizer])
+    encodings = [input_pipeline.encode(pairs, tokenizer, layout) for tokenizer in tokenizers]
     keep = []
     for x, (request, _, _) in enumerate(resolved):
-        if limit and encoded[x].max_length > limit:
-            problems[request.line] = (f"a row has {encoded[x].max_length} tokens, more than the "
+        longest = max(encoded[x].max_length for encoded in encodings)
+        if limit and longest > limit:
+            problems[request.line] = (f"a row has {longest} tokens, more than the "
                                       f"fixed config.data.{key}={limit}")
         else:
             keep.append(x)
-    predictions = None
+    kept_pairs = [pairs[x] for x in keep]
     decoding_config = config.decoding
-    if keep:
+    votes = {}
+    if keep and members:
+        def run(member, eval_step, index):
+            return evaluate.Evaluator(
+                eval_step, kept_pairs, [encodings[index][x] for x in keep], layout,
+                config.train.eval_batch_size, member.mesh, desc=f"predict {index + 1}/"
+                f"{len(sources)}").predict(member.params)
+
+        outputs = list(ensemble.member_outputs(sources, which, run))
+        predictions = ensemble.average([m.predictions for m in outputs],
+                                       [m.folder for m in outputs])
+        member_decoded = [decoding.decode(m.predictions.arrays, decoding_config)
+                          for m in outputs]
+        votes = {"names": [m.name for m in outputs], "decoded": member_decoded}
+    elif keep:
         evaluator = evaluate.Evaluator(
-            evaluate.checkpoint_eval_step(restored), [pairs[x] for x in keep],
-            [encoded[x] for x in keep], layout, config.train.eval_batch_size, restored.mesh,
-            desc="predict")
+            evaluate.checkpoint_eval_step(restored), kept_pairs,
+            [encodings[0][x] for x in keep], layout, config.train.eval_batch_size,
+            restored.mesh, desc="predict")
         predictions = evaluator.predict(restored.params)
+    if keep:
         decoded = decoding.decode(predictions.arrays, decoding_config)
         predictions = evaluate.Predictions({**predictions.arrays, **decoded.predictions()},
                                            predictions.losses)
@@ -241,15 +267,33 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
                                            out["pre_pred"], out["eff_pred"], names,
                                            request.stories,
                                            backing=None if found is None else found.as_dict())
-        answers.append({"line": request.line, "id": request.id,
-                        "stories": request.stories, "entities": names, "entity_source": source,
-                        "story_logits": out["story_logits"], "decoding": decoding_config.method,
-                        **explanation})
+        answer = {"line": request.line, "id": request.id,
+                  "stories": request.stories, "entities": names, "entity_source": source,
+                  "story_logits": out["story_logits"], "decoding": decoding_config.method,
+                  **explanation}
+        if votes:
+            answer.update(_member_votes(votes["names"], votes["decoded"], position))
+        answers.append(answer)
     output = epath.Path(output_path or epath.Path(workdir) / PREDICT_DIR
                         / f"{epath.Path(input_path).stem}.jsonl")
     if jax.process_index() == 0:
         _write(output, answers, problems, input_path)
     return {"answers": answers, "problems": dict(sorted(problems.items())), "output": output}
+
+
+def _member_votes(names: Sequence[str], decoded: Sequence[decoding.Decoded], n: int
+                  ) -> dict[str, Any]:
+    """Pair ``n``'s votes of an ensemble's members: {"members": [{name, story, conflict}],
+    "members_agree"}; a member's conflict is the sentences of the other story it believes
+    (>= 0.5) conflicting."""
+    members = []
+    for name, member in zip(names, decoded, strict=True):
+        story = int(member.story_pred[n])
+        believed = (member.conflict_prob[n][1 - story] >= 0.5).any(axis=0)
+        members.append({"name": name, "story": story,
+                        "conflict": [int(s) for s in np.flatnonzero(believed)]})
+    agree = len({(m["story"], tuple(m["conflict"])) for m in members}) == 1
+    return {"members": members, "members_agree": agree}
 
 
 def _write(output: epath.Path, answers: list[dict], problems: dict[int, str],
@@ -277,13 +321,13 @@ def describe(answer: dict[str, Any]) -> str:
 
 
 def run(config: Config | Any, workdir: str, input_path: str,
-        output_path: str | None = None, which: str | int = checkpoints.SELECTED
-        ) -> dict[str, Any]:
+        output_path: str | None = None, which: str | int = checkpoints.SELECTED,
+        members: Sequence[str] = ()) -> dict[str, Any]:
     """``--mode=predict``: prints every problem (stderr) and answer (stdout), writes the JSON.
 
     Raises PredictionError after reporting when no line could be answered.
     """
-    result = predict_file(config, workdir, input_path, output_path, which)
+    result = predict_file(config, workdir, input_path, output_path, which, members)
     if jax.process_index() == 0:
         for line, message in result["problems"].items():
             print(f"{input_path}:{line}: skipped: {message}", file=sys.stderr)

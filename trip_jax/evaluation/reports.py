@@ -48,7 +48,8 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     ``metadata`` keys shown when present: ``model`` (row name, default "model"),
     ``checkpoint_step``, ``checkpoint``, ``protocol``, ``data_files`` ({path: sha256}),
     ``notes`` (lines listed under "Notes", e.g. what a scored file could not give),
-    ``story_loss_weight`` (0 marks the decodings whose story choice is then untrained).
+    ``story_loss_weight`` (0 marks the decodings whose story choice is then untrained),
+    an ensemble's ``members``, ``members_spread`` and ``members_agree`` (``_members_table``).
     ``baselines`` ({row name: metrics-like dict}) adds comparison rows, e.g. the random baseline;
     ``by_marker`` (``trip_jax.data.curated.marker_split``) the curated / implicit table.
     """
@@ -70,6 +71,7 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
     for row, m in rows.items():
         lines.append(f"| {row} | {pct(m.get('accuracy'))} | {pct(m.get('consistency'))} "
                      f"| {pct(m.get('verifiability'))} |")
+    lines += _members_table(metrics, metadata)
     lines += _decoding_table(metrics, metadata.get("story_loss_weight"))
     lines += _marker_table(by_marker)
     lines += ["", "## Low-level tasks, macro-F1 (layout of Table 4)", "",
@@ -95,6 +97,35 @@ def markdown_summary(split: str, metrics: Mapping[str, Any], metadata: Mapping[s
                      f"| {pct(metrics['effect_f1_per_attribute'][attr])} | {c['correct']} "
                      f"| {pct(c['share'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _members_table(metrics: Mapping[str, Any], metadata: Mapping[str, Any]) -> list[str]:
+    """An ensemble's members (``trip_jax.evaluation.ensemble``): each member's tiers and F1s,
+    their mean and min-max, the ensemble's, and the pairs on which every member agrees."""
+    members = metadata.get("members")
+    if not members:
+        return []
+    keys = ("accuracy", "consistency", "verifiability", "precondition_f1", "effect_f1")
+    lines = ["", f"## Ensemble members ({len(members)})", "",
+             "| Member | Workdir | Checkpoint | Accuracy (%) | Consistency (%) "
+             "| Verifiability (%) | Prec. F1 (%) | Eff. F1 (%) |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for member in members:
+        m = member["metrics"]
+        lines.append(f"| {member['name']} | {member['workdir']} | {member['checkpoint']}-"
+                     f"{member['checkpoint_step']} | " + " | ".join(pct(m[k]) for k in keys)
+                     + " |")
+    spread = metadata["members_spread"]
+    lines.append("| members' mean (min–max) | | | " + " | ".join(
+        f"{pct(spread[k]['mean'])} ({pct(spread[k]['min'])}–{pct(spread[k]['max'])})"
+        for k in keys) + " |")
+    lines.append("| **ensemble** | | | " + " | ".join(f"**{pct(metrics[k])}**" for k in keys)
+                 + " |")
+    agree = metadata.get("members_agree")
+    if agree is not None:
+        lines += ["", f"Every member chose the same story and the same conflicting sentences on "
+                  f"{agree} of {metrics['num_pairs']} pairs."]
+    return lines
 
 
 def _decoding_table(metrics: Mapping[str, Any], story_loss_weight: float | None = None

@@ -99,6 +99,15 @@ def write_run_files(workdir: str, config, hf_config, tokenizer) -> None:
     save_tokenizer(tokenizer, root / TOKENIZER_DIR)
 
 
+def saved_run_config(workdir: str) -> Config:
+    """The config a run saved as ``WORKDIR/config.json``, brought to the current schema;
+    CheckpointError when it is missing or no version reads it."""
+    path = epath.Path(workdir) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: is {workdir} a trained workdir?")
+    return saved_config(json.loads(path.read_text()), str(path))
+
+
 def load_tokenizer(workdir: str):
     """Loads the tokenizer a run saved in its workdir."""
     source = epath.Path(workdir) / TOKENIZER_DIR

@@ -6,7 +6,8 @@
   const $ = (id) => document.getElementById(id);
   const list = $("cards"), more = $("more"), count = $("count");
   const filters = {outcome: $("f-outcome"), mode: $("f-mode"), marker: $("f-marker"),
-                   attribute: $("f-attribute"), wrong: $("f-wrong"), search: $("f-search")};
+                   attribute: $("f-attribute"), wrong: $("f-wrong"), search: $("f-search"),
+                   members: $("f-members")};
   let shown = [], rendered = 0;
 
   const escape = (text) => String(text).replace(/[&<>"']/g, (c) => (
@@ -41,6 +42,7 @@
     if (f.outcome && f.outcome.value && p.out !== f.outcome.value) return false;
     if (f.mode && f.mode.value && String(p.fm) !== f.mode.value) return false;
     if (f.marker && f.marker.value && p.cur !== (f.marker.value === "curated")) return false;
+    if (f.members && f.members.value && p.agr !== (f.members.value === "agree")) return false;
     const wrongOnly = f.wrong && f.wrong.checked;
     if (f.attribute.value) {
       if (!(wrongOnly ? p.wrongAttrs : p.attrs).has(f.attribute.value)) return false;
@@ -90,6 +92,15 @@
     return html + "</table>";
   }
 
+  function votesHtml(p) {
+    if (!p.mv) return "";
+    const items = p.mv.map(([name, story, conflict, out]) => "<li>" + escape(name) + ": story " +
+      (story + 1) + " plausible, sentences " + (conflict.length ? conflict.map((s) => s + 1).join(", ") : "none") +
+      (out ? " (" + out + ")" : "") + "</li>");
+    return '<details class="votes"><summary>Members: ' + (p.agr ? "all agree" : "disagree") +
+      "</summary><ul>" + items.join("") + "</ul></details>";
+  }
+
   function card(p) {
     const article = document.createElement("article");
     article.className = "card";
@@ -102,9 +113,10 @@
       head += '<span class="meta">' + Object.entries(p.dec).map(([m, o]) => escape(m) + ": " + o).join(" · ") + "</span>";
     }
     if (p.weak) head += '<span class="meta">weak conflict (belief below 0.5)</span>';
+    if (p.mv) head += '<span class="badge">' + (p.agr ? "members agree" : "members disagree") + "</span>";
     head += "</h2>";
     const body = p.note && !p.s[0].length ? "" :
-      '<div class="stories">' + storyHtml(p, 0) + storyHtml(p, 1) + "</div>" + statesHtml(p) +
+      '<div class="stories">' + storyHtml(p, 0) + storyHtml(p, 1) + "</div>" + statesHtml(p) + votesHtml(p) +
       (p.ex ? '<p class="explanation">' + escape(p.ex) + "</p>" : "");
     article.innerHTML = head + (p.note ? '<p class="note">' + escape(p.note) + "</p>" : "") + body;
     return article;
