@@ -2,9 +2,7 @@
 
 ``--mode`` is train (default), cross_validate, evaluate, predict or random_baseline; config keys
 are overridden with ``--config.SECTION.KEY=VALUE``. A bad command line is one ``error:`` line,
-exit 2; a failed run, exit 1. Details: README.md, docs/reference.md#allowed-values. The flags and
-the config are checked before JAX, the model or the data pipeline is imported (the modes import
-them), so that a mistake answers at once.
+exit 2; a failed run, exit 1. Details: README.md, docs/reference.md#allowed-values.
 """
 
 from __future__ import annotations
@@ -18,6 +16,8 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+# Only what checks the flags and the config: each mode imports JAX, the model and the pipeline
+# when it runs (a mistake answers in a second; tests/test_imports.py).
 from trip_jax import cli
 from trip_jax.runtime import terminal
 from trip_jax.training import checkpoint_names as checkpoints
