@@ -47,8 +47,7 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
     assert report["checkpoint"] == "selected"
     assert report["checkpoint_step"] == best.step == 4
     assert report["protocol"] == "dev_train"
-    assert sorted(os.path.basename(p) for p in report["data_files"]) == [
-        "dev.cgli.jsonl", "test.cgli.jsonl"]
+    assert sorted(report["data_files"]) == ["dev.cgli.jsonl", "test.cgli.jsonl"]
     assert all(len(digest) == 64 for digest in report["data_files"].values())
     scores = report["metrics"]
     assert scores["num_pairs"] == 8
