@@ -166,9 +166,12 @@ def test_two_checkpoints_never_overwrite_each_other(evaluated, workdir, tiny_con
 
 
 def test_missing_checkpoint_is_a_clear_error(run_main, tmp_path):
-    result = run_main(f"--workdir={tmp_path / 'untrained'}", "--mode=evaluate")
+    # Said before the data is read: a missing data directory is not what stops it.
+    result = run_main(f"--workdir={tmp_path / 'untrained'}", "--mode=evaluate",
+                      f"--config.data.data_dir={tmp_path / 'no_data'}")
     assert result.returncode == 1
     assert "error: no checkpoint 'selected'" in result.stderr
+    assert "no_data" not in result.stderr
     assert "train first" in result.stderr and "Traceback" not in result.stderr
 
 
