@@ -56,12 +56,12 @@ def test_a_run_that_stops_before_it_starts_leaves_no_workdir(tmp_path, tiny_conf
 
     config = tiny_config()
     config.data.data_dir = str(tmp_path / "no_data")
-    fresh, existing = tmp_path / "fresh" / "run", tmp_path / "existing"
+    fresh, existing = tmp_path / "fresh" / "fold0", tmp_path / "existing"
     existing.mkdir()
     for workdir in (fresh, existing):
         with pytest.raises(TripDataError, match="no_data"):
             train.train_and_evaluate(config, str(workdir))
-    assert not fresh.exists()
+    assert not fresh.parent.exists()  # both folders the call made
     # A workdir that was there keeps the released (empty) lock file, as after any run.
     assert [p.name for p in existing.iterdir()] == [workdir_lock.LOCK_FILE]
     assert (existing / workdir_lock.LOCK_FILE).read_text() == ""

@@ -116,7 +116,10 @@ def train_and_evaluate(config: Config | Any, workdir: str) -> dict[str, Any]:
     started = time.time()
     config = typed(config)
     workdir = epath.Path(workdir)
-    created = not workdir.exists()
+    created, folder = [], workdir  # the folders mkdir makes, deepest first
+    while not folder.exists() and folder.parent != folder:
+        created.append(folder)
+        folder = folder.parent
     workdir.mkdir(parents=True, exist_ok=True)
     lock = workdir_lock.acquire_for_run(workdir)
     try:
@@ -128,8 +131,9 @@ def train_and_evaluate(config: Config | Any, workdir: str) -> dict[str, Any]:
             if empty:
                 (workdir / workdir_lock.LOCK_FILE).unlink()
             lock.release()
-            if empty:
-                workdir.rmdir()
+            for folder in created if empty else ():  # (a cross-validation's W of W/fold0 too)
+                if folder.is_dir() and not list(folder.iterdir()):
+                    folder.rmdir()
 
 
 def _train_and_evaluate(config: Config, workdir: epath.Path, started: float) -> dict[str, Any]:
