@@ -28,6 +28,10 @@ LARGE_ENCODER = dict(model_type="roberta", hidden_size=1024, num_hidden_layers=2
                      max_position_embeddings=514)  # keys of model.random_encoder only
 SMOKE_LARGE_ENCODER = dict(LARGE_ENCODER, hidden_size=64, num_hidden_layers=2,
                            num_attention_heads=2, intermediate_size=128)
+# The smoke_ models' detector: configs/tiny.py's (1 layer, width 32), so that a smoke case
+# compiles in seconds (the code paths are those of the full-size detector).
+SMOKE_TIERED = dict(embedding_projection=16, state_projection=16, detector_layers=1,
+                    detector_heads=2, detector_ff=32)
 # name: (random encoder, model.dtype or None for the config's).
 RANDOM_ENCODER_MODELS: dict[str, tuple[dict, str | None]] = {
     "base": (BASE_ENCODER, None),
@@ -121,6 +125,8 @@ def model_config(name: str, *, dtype: str | None = None,
     else:
         raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES} "
                          "(a paper or random-encoder model with _lN: N layers)")
+    if name.startswith("smoke_"):
+        config.model.tiered.update(SMOKE_TIERED)
     if dtype is not None:
         config.model.dtype = dtype
     if remat is not None:

@@ -9,7 +9,7 @@ import ml_collections
 
 from trip_jax.config.messages import unknown_choice
 from trip_jax.config import fields, sections
-from trip_jax.training.losses import LOSS_PRESETS
+from trip_jax.config.sections import LOSS_PRESETS
 
 DEFAULT_LOSS_PRESET = "omit_story"
 

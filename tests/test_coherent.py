@@ -129,7 +129,8 @@ def test_every_coherent_prediction_names_the_states_behind_its_conflict(coherent
                     **next(s for s in explanation["states"] if s["side"] == side
                            and s["entity"] == backing["entity"]
                            and s["attribute"] == backing["attribute"])}.items()
-        assert "The conflict: after sentence" in explanation["text"]
+        assert f"conflict: after sentence {backing['evidence'] + 1} " in explanation["text"]
+        assert ", but sentence" in explanation["text"]
         assert set(record["by_decoding"]) == {"independent", "coherent"}
 
 

@@ -47,8 +47,7 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
     assert report["checkpoint"] == "selected"
     assert report["checkpoint_step"] == best.step == 4
     assert report["protocol"] == "dev_train"
-    assert sorted(os.path.basename(p) for p in report["data_files"]) == [
-        "dev.cgli.jsonl", "test.cgli.jsonl"]
+    assert sorted(report["data_files"]) == ["dev.cgli.jsonl", "test.cgli.jsonl"]
     assert all(len(digest) == 64 for digest in report["data_files"].values())
     scores = report["metrics"]
     assert scores["num_pairs"] == 8
@@ -167,9 +166,12 @@ def test_two_checkpoints_never_overwrite_each_other(evaluated, workdir, tiny_con
 
 
 def test_missing_checkpoint_is_a_clear_error(run_main, tmp_path):
-    result = run_main(f"--workdir={tmp_path / 'untrained'}", "--mode=evaluate")
+    # Said before the data is read: a missing data directory is not what stops it.
+    result = run_main(f"--workdir={tmp_path / 'untrained'}", "--mode=evaluate",
+                      f"--config.data.data_dir={tmp_path / 'no_data'}")
     assert result.returncode == 1
     assert "error: no checkpoint 'selected'" in result.stderr
+    assert "no_data" not in result.stderr
     assert "train first" in result.stderr and "Traceback" not in result.stderr
 
 

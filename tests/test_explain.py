@@ -93,8 +93,16 @@ def test_several_states_and_humans_read_naturally():
     probs, pre, eff = predictions()
     eff[1, 0, 1, OPEN] = 1
     pre[1, 1, 4, H_LOCATION] = 2
-    text = explain_pair(0, probs, pre, eff, ENTITIES, SENTENCES)["text"]
+    explanation = explain_pair(0, probs, pre, eff, ENTITIES, SENTENCES)
+    text = explanation["text"]
     assert "after sentence 2 the phone is unpowered and closed" in text
+    # Three states in the text: the phone's (its power disagrees across the two sentences)
+    # before Tom's, which is counted.
+    assert "Tom" not in text and text.endswith(" (1 more predicted state).")
+    assert ("Tom", "precondition", "moved") in {(s["entity"], s["side"], s["value"])
+                                               for s in explanation["states"]}
+    pre[1, 0, 4, POWER] = 0
+    text = explain_pair(0, probs, pre, eff, ENTITIES, SENTENCES)["text"]
     assert "sentence 5 needs Tom to be moved" in text
 
 
@@ -110,3 +118,39 @@ def test_bad_inputs_are_rejected():
         explain_pair(2, probs, pre, eff, ENTITIES, SENTENCES)
     with pytest.raises(ValueError, match="shape"):
         explain_pair(0, probs[:, :2], pre, eff, ENTITIES, SENTENCES)
+
+
+def test_a_weak_model_still_gets_one_short_line():
+    """Every state of every entity predicted at both sentences (issue 54's 1,296 characters):
+    three states in the text, the conflicting pair's first, the rest counted; all in the JSON."""
+    probs, pre, eff = predictions()
+    pre[1, :, 4, :] = 1
+    eff[1, :, 1, :] = 1
+    pre[1, 0, 4, POWER] = 2  # the phone's power disagrees across the two sentences
+    explanation = explain_pair(0, probs, pre, eff, ENTITIES, SENTENCES)
+    text = explanation["text"]
+    assert len(explanation["states"]) > 50
+    assert len(text) <= 300, (len(text), text)
+    assert text.startswith("Story 1 is plausible. In story 2, sentences 2 and 5 conflict: ")
+    assert "after sentence 2 the phone is unpowered" in text
+    assert "sentence 5 needs the phone to be powered" in text
+    assert text.endswith(f" ({len(explanation['states']) - 3} more predicted states).")
+    assert explanation_text(explanation) == text
+
+
+def test_the_backing_contradiction_comes_first_and_counts_two_of_three():
+    probs, pre, eff = predictions()
+    eff[1, 1, 1, H_LOCATION] = 1
+    pre[1, 2, 4, OPEN] = 1
+    explanation = explain_pair(0, probs, pre, eff, ENTITIES, SENTENCES, backing={
+        "story": 1, "evidence": 1, "breakpoint": 4, "entity": 0, "attribute": "power",
+        "effect_value": "unpowered", "precondition_value": "powered"})
+    assert len(explanation["states"]) == 4
+    text = explanation["text"]
+    assert text.startswith(
+        "Story 1 is plausible. In story 2, sentences 2 and 5 conflict: after sentence 2 the "
+        "phone is unpowered, but sentence 5 needs it powered; ")
+    assert text == (
+        "Story 1 is plausible. In story 2, sentences 2 and 5 conflict: after sentence 2 the "
+        "phone is unpowered, but sentence 5 needs it powered; after sentence 2 Tom is "
+        "disappeared (1 more predicted state).")

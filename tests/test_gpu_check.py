@@ -57,7 +57,10 @@ def test_smoke_grid_shrinks_every_case():
     # A trip-jax model's later cases evaluate the state its earlier train steps left.
     packed = [(c.batch_size, c.modes) for c in smoke.cases if c.layout == "packed_tokens"]
     assert packed == [(1, ("eval", "train")), (2, ("eval",))]
-    assert cases.model_config("smoke_large_exact").model.random_encoder.num_hidden_layers == 2
+    for name in ("smoke_large_exact", "smoke_large"):
+        config = cases.model_config(name)
+        assert config.model.random_encoder.num_hidden_layers == 2
+        assert config.model.tiered.detector_layers == 1  # compiles in seconds
 
 
 def test_a_spent_budget_skips_every_case_with_a_note(tmp_path):
@@ -87,7 +90,10 @@ FAILED tests/test_a.py::test_bad[float32-2] - AssertionError
 
 def test_smoke_check_records_every_case(tmp_path):
     out = tmp_path / "check.json"
-    results = gpu_check.main(["--smoke", "--parity", "skip", "--out", str(out)])
+    # No budget: every case runs however slow the machine is (the budget's cut is tested by
+    # test_a_spent_budget_skips_every_case_with_a_note, without the clock).
+    results = gpu_check.main(["--smoke", "--parity", "skip", "--budget-s", "inf",
+                              "--out", str(out)])
     assert json.loads(out.read_text())["cases"] == results["cases"]
     grid = cases.gpu_check_grid(smoke=True)
     assert results["complete"] and results["skipped"] == []

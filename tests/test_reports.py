@@ -45,7 +45,10 @@ def test_write_report_writes_every_file(tmp_path):
     assert document["split"] == "test" and document["checkpoint_step"] == 7
     assert document["metrics"]["accuracy"] == 0.5
     assert document["metrics"]["state_contribution"]["wet"]["share"] is None
-    assert document["data_files"][str(data)] == hashlib.sha256(b"{}\n").hexdigest()
+    assert document["data_files"] == {"test.jsonl": hashlib.sha256(b"{}\n").hexdigest()}
+    assert f"- data file `test.jsonl` sha256 `{document['data_files']['test.jsonl']}`" in (
+        written["markdown"].read_text())
+    assert str(tmp_path) not in written["markdown"].read_text()
     assert document["baselines"]["random"]["consistency"] == 0.107
 
     md = written["markdown"].read_text()

@@ -384,7 +384,7 @@ def test_command_writes_the_report_set_and_prints_one_line(cases, data_dir, tmp_
                      "five.md", "five.predictions.jsonl"]
     report = json.loads((out / "five.json").read_text())
     assert report["format"] == "minimal" and report["metrics"]["precondition_f1"] is None
-    assert report["data_files"] == {str(data): hashlib.sha256(data.read_bytes()).hexdigest()}
+    assert report["data_files"] == {data.name: hashlib.sha256(data.read_bytes()).hexdigest()}
     markdown = (out / "five.md").read_text()
     assert "not applicable: decodings" in markdown and "random baseline (10 seeds)" in markdown
     assert len((out / "five.predictions.jsonl").read_text().splitlines()) == 5

@@ -46,3 +46,22 @@ def test_lock_of_a_killed_process_is_taken_over(tmp_path, repo, caplog):
         assert lock.holder["pid"] == os.getpid()
     (warning,) = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
     assert f"process {dead['pid']} on {dead['host']}" in warning and "\n" not in warning
+
+
+def test_a_run_that_stops_before_it_starts_leaves_no_workdir(tmp_path, tiny_config):
+    """train_and_evaluate removes the workdir it created when it stops before writing anything
+    (here: the data cannot be read); a workdir that was there stays."""
+    from trip_jax import train
+    from trip_jax.data.readers import TripDataError
+
+    config = tiny_config()
+    config.data.data_dir = str(tmp_path / "no_data")
+    fresh, existing = tmp_path / "fresh" / "fold0", tmp_path / "existing"
+    existing.mkdir()
+    for workdir in (fresh, existing):
+        with pytest.raises(TripDataError, match="no_data"):
+            train.train_and_evaluate(config, str(workdir))
+    assert not fresh.parent.exists()  # both folders the call made
+    # A workdir that was there keeps the released (empty) lock file, as after any run.
+    assert [p.name for p in existing.iterdir()] == [workdir_lock.LOCK_FILE]
+    assert (existing / workdir_lock.LOCK_FILE).read_text() == ""

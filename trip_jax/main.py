@@ -13,33 +13,43 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import jax
 from absl import app, flags, logging
-from etils import epath
 from ml_collections import config_flags
 
-from trip_jax import cli, cross_validate, train
-from trip_jax.data import input_pipeline
-from trip_jax.evaluation import ensemble, evaluate, model_names, predict, random_baseline
-from trip_jax.runtime import distributed, hub, jax_setup, sharding, terminal, workdir_lock
-from trip_jax.training import checkpoints
+# Only what checks the flags and the config: each mode imports JAX, the model and the pipeline
+# when it runs (a mistake answers in a second; tests/test_imports.py).
+from trip_jax import cli
+from trip_jax.runtime import terminal
+from trip_jax.training import checkpoint_names as checkpoints
 from trip_jax.config import sections
 from trip_jax.config.messages import ConfigError, unknown_choice
 from trip_jax.config.typed import typed
 from trip_jax.data import readers
-from trip_jax.data.entities import SpacyModelError
-from trip_jax.data.readers import TripDataError
 
 FLAGS = flags.FLAGS
+
+
+def _train(config, workdir: str) -> Any:
+    """--mode=train: ``trip_jax.train.train_and_evaluate``."""
+    from trip_jax import train
+    return train.train_and_evaluate(config, workdir)
+
+
+def _cross_validate(config, workdir: str) -> Any:
+    """--mode=cross_validate: ``trip_jax.cross_validate.cross_validate``."""
+    from trip_jax import cross_validate
+    return cross_validate.cross_validate(config, workdir)
 
 
 def _evaluate(config, workdir: str) -> dict[str, Any]:
     """--mode=evaluate: scores --checkpoint (of every --members workdir: their ensemble) on
     --split, writes DIR/eval/."""
     if FLAGS.members:
+        from trip_jax.evaluation import ensemble
         result = ensemble.evaluate_ensemble(config, workdir, FLAGS.members, FLAGS.checkpoint,
                                             FLAGS.split, progress=True)
     else:
+        from trip_jax.evaluation import evaluate
         result = evaluate.evaluate_checkpoint(config, workdir, FLAGS.checkpoint, FLAGS.split,
                                               progress=True)
     if result["paths"]:
@@ -52,12 +62,14 @@ def _predict(config, workdir: str) -> dict[str, Any]:
     """--mode=predict: explains the story pairs of --input with --checkpoint."""
     if not FLAGS.input:
         raise app.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
+    from trip_jax.evaluation import predict
     return predict.run(config, workdir, FLAGS.input, FLAGS.output, FLAGS.checkpoint,
                        members=FLAGS.members or ())
 
 
 def _random_baseline(config, workdir: str) -> dict[str, Any]:
     """--mode=random_baseline: the random baseline's report of --split."""
+    from trip_jax.evaluation import evaluate, random_baseline
     result = evaluate.random_baseline_report(config, workdir, FLAGS.split)
     if result["paths"]:
         print(random_baseline.summary(result["metrics"], FLAGS.split))
@@ -67,18 +79,29 @@ def _random_baseline(config, workdir: str) -> dict[str, Any]:
 
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[[Any, str], Any]] = {
-    "train": train.train_and_evaluate,
-    "cross_validate": cross_validate.cross_validate,
+    "train": _train,
+    "cross_validate": _cross_validate,
     "evaluate": _evaluate,
     "predict": _predict,
     "random_baseline": _random_baseline,
 }
 # The modes that train (and check the config against the devices first).
 TRAINING_MODES = ("train", "cross_validate")
-# Errors in what the user asked for: reported in one line, without a traceback.
-USER_ERRORS = (checkpoints.CheckpointError, TripDataError, SpacyModelError,
-               input_pipeline.UnknownSplitError, predict.PredictionError,
-               workdir_lock.WorkdirLocked, hub.HubUnavailableError, ensemble.EnsembleError)
+# The modes that read the data directory of the config (evaluate reads its checkpoint's first).
+DATA_MODES = ("train", "cross_validate", "random_baseline")
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors in what the user asked for: reported in one line, without a traceback (imported
+    when a mode runs)."""
+    from trip_jax.data import input_pipeline
+    from trip_jax.data.entities import SpacyModelError
+    from trip_jax.evaluation import ensemble, predict
+    from trip_jax.runtime import hub, workdir_lock
+    from trip_jax.training.checkpoint_reads import CheckpointError
+    return (CheckpointError, readers.TripDataError, SpacyModelError,
+            input_pipeline.UnknownSplitError, predict.PredictionError,
+            workdir_lock.WorkdirLocked, hub.HubUnavailableError, ensemble.EnsembleError)
 # The modes that read --members (an ensemble of trained workdirs).
 ENSEMBLE_MODES = ("evaluate", "predict")
 
@@ -155,6 +178,7 @@ def flags_parser(values: flags.FlagValues = FLAGS):
 def check_devices(config, device_count: int) -> None:
     """``cli.UsageError`` when the mesh sizes do not fit ``device_count`` devices, or when
     ``train.batch_size`` does not split over them (every device gets its own pairs)."""
+    from trip_jax.runtime import sharding
     try:
         data, fsdp = sharding.mesh_shape(config.mesh, device_count)
     except ValueError:
@@ -224,6 +248,17 @@ def main(argv) -> None:
         print(FLAGS.config, flush=True)
         return
     config = typed_config(FLAGS.config)  # checked by parse_flags already: it cannot fail here
+    if FLAGS.mode in DATA_MODES:
+        try:  # a missing data directory: one line before anything is imported or written
+            readers.find_split_files(readers.default_data_dir(config.data.data_dir))
+        except readers.TripDataError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(1)
+    import jax
+    from etils import epath
+    from trip_jax import cross_validate
+    from trip_jax.evaluation import model_names
+    from trip_jax.runtime import distributed, jax_setup
     jax_setup.quiet_backend_search()
     logging.get_absl_handler().addFilter(_QuietOrbax())
     if FLAGS.mode == "predict" and not FLAGS["verbosity"].present:
@@ -243,7 +278,7 @@ def main(argv) -> None:
         jax_setup.configure_jax(config)
         with model_names.named(FLAGS.name):
             MODES[FLAGS.mode](config, FLAGS.workdir)
-    except USER_ERRORS as err:
+    except user_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 1))  # 2 for a workdir held by another run
 

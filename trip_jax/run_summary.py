@@ -23,7 +23,6 @@ from trip_jax.config import migrate
 from trip_jax.data import readers
 from trip_jax.evaluation.metrics import TIER_METRICS
 from trip_jax.evaluation.reports import pct
-from trip_jax.training import metric_log
 
 STATE_F1: tuple[str, ...] = ("precondition_f1", "effect_f1")
 
@@ -33,6 +32,7 @@ def read_run(run_dir: epath.PathLike, data_dir: str | None = None) -> dict[str, 
     and epoch, test scores of every decoding, state F1s, held-out scores of the selected step, the wall time (``wall_time`` records) and
     the curated / implicit split (``marker_split``). Raises FileNotFoundError naming the missing
     file."""
+    from trip_jax.training import metric_log  # imports JAX: not before the flags are checked
     run = epath.Path(run_dir)
     if run.suffix == ".json":  # an evaluation's report set (e.g. an ensemble's): no training log
         if not run.is_file():
@@ -78,6 +78,7 @@ def marker_split(predictions: epath.Path, data_dir: str | None) -> dict[str, Any
     ids, path = None, curated.marker_path(data_dir, "test")
     if os.path.isfile(path):
         ids, path = curated.curated_ids(readers.load_split(data_dir, "test"), data_dir, "test")
+    from trip_jax.training import metric_log
     records = metric_log.current_names(paths.read_jsonl(predictions))
     return curated.marker_split(records, ids, os.path.basename(path))
 

@@ -110,18 +110,30 @@ def train_and_evaluate(config: Config | Any, workdir: str) -> dict[str, Any]:
 
     Returns the test metrics of the selected checkpoint. The run holds the workdir's
     lock (``trip_jax.runtime.workdir_lock``) from before it writes anything: WorkdirLocked, with the
-    workdir untouched, when another run holds it.
+    workdir untouched, when another run holds it. A workdir this call created and left empty (a
+    run that stopped before it wrote anything) is removed.
     """
     started = time.time()
     config = typed(config)
     workdir = epath.Path(workdir)
+    created, folder = [], workdir  # the folders mkdir makes, deepest first
+    while not folder.exists() and folder.parent != folder:
+        created.append(folder)
+        folder = folder.parent
     workdir.mkdir(parents=True, exist_ok=True)
     lock = workdir_lock.acquire_for_run(workdir)
     try:
         return _train_and_evaluate(config, workdir, started)
     finally:
         if lock is not None:
+            # Nothing but the lock in a workdir this call made: the run stopped before it began.
+            empty = created and [p.name for p in workdir.iterdir()] == [workdir_lock.LOCK_FILE]
+            if empty:
+                (workdir / workdir_lock.LOCK_FILE).unlink()
             lock.release()
+            for folder in created if empty else ():  # (a cross-validation's W of W/fold0 too)
+                if folder.is_dir() and not list(folder.iterdir()):
+                    folder.rmdir()
 
 
 def _train_and_evaluate(config: Config, workdir: epath.Path, started: float) -> dict[str, Any]:

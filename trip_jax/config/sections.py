@@ -180,6 +180,16 @@ class ModelConfig(Section):
     tiered: TieredConfig = option(TieredConfig(), "the tiered architecture")
 
 
+# The four loss configurations of the paper's Table 2, as (λp, λf, λc, λs); the weights are the
+# authors' released settings (trip_jax/training/losses.py applies them).
+LOSS_PRESETS: dict[str, tuple[float, float, float, float]] = {
+    "all": (0.4, 0.4, 0.1, 0.1),
+    "omit_story": (0.4, 0.4, 0.2, 0.0),
+    "omit_conflict": (0.4, 0.4, 0.0, 0.2),
+    "omit_states": (0.0, 0.0, 0.5, 0.5),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class LossConfig(Section):
     """Loss weights (λp, λf, λc, λs) and the padding switch (``config.loss``;

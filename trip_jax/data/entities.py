@@ -26,6 +26,10 @@ class SpacyModelError(RuntimeError):
     """The requested spaCy pipeline is not installed."""
 
 
+class SpacyModelWarning(UserWarning):
+    """Another installed copy of the requested spaCy pipeline is used (one ``warning:`` line)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Entity:
     """One extracted entity: its name and whether it is a person."""

@@ -349,9 +349,9 @@ def evaluate_checkpoint(config: Config | Any, workdir: str | os.PathLike,
       input_pipeline.UnknownSplitError: the protocol has no such split.
     """
     config = typed(config)
+    restored = checkpoints.restore_for_eval(str(workdir), which, config=config)  # before the data
     splits = input_pipeline.load_splits(config.data)
     pairs = input_pipeline.split_pairs(splits, split)
-    restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
     if restored.meta.get("protocol") not in (None, splits.protocol):
         logging.warning("the checkpoint was selected under protocol %s; scoring under %s",
                         restored.meta["protocol"], splits.protocol)

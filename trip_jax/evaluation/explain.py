@@ -1,7 +1,7 @@
 """Readable explanations of one pair's tiered predictions: story, conflicting pair, states.
 
 ``explain_pair`` turns one pair's outputs into a JSON-ready dict and ``explanation_text`` into
-words ("Story 1 is plausible. In story 2, sentences 2 and 5 conflict: ...").
+one line ("Story 1 is plausible. In story 2, sentences 2 and 5 conflict: ...", at most 3 states).
 The rules: docs/reference.md#decoding ("Explanations").
 """
 
@@ -103,30 +103,66 @@ def _join(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
+# The most states the one-line text names (the JSON's "states" and the explorer page list all).
+TEXT_STATES = 3
+
+
+def _backs(state: dict, backing: dict[str, Any] | None) -> bool:
+    """Whether ``state`` is one of the backing contradiction's two states."""
+    return bool(backing) and (state["entity"], state["attribute"]) == (backing["entity"],
+                                                                       backing["attribute"])
+
+
+def _text_states(explanation: dict[str, Any]) -> list[dict]:
+    """The states the text names besides the backing contradiction (which takes two of the
+    TEXT_STATES): first an entity and attribute whose effect at i and precondition at j
+    disagree, then an entity with states on both sides, then the rest, each in the JSON's
+    order."""
+    backing = explanation.get("backing")
+    states = [s for s in explanation["states"] if not _backs(s, backing)]
+    values: dict[tuple[str, str], set] = {}
+    for state in states:
+        values.setdefault((state["entity"], state["attribute"]), set()).add(state["value"])
+    both = {s["entity"] for s in states if s["side"] == "effect"} & {
+        s["entity"] for s in states if s["side"] == "precondition"}
+
+    def rank(state: dict) -> int:
+        if len(values[(state["entity"], state["attribute"])]) > 1:
+            return 0
+        return 1 if state["entity"] in both else 2
+
+    return sorted(states, key=rank)[:TEXT_STATES - (2 if backing else 0)]
+
+
 def explanation_text(explanation: dict[str, Any]) -> str:
-    """Returns an ``explain_pair`` dict in words (1-based sentence numbers)."""
+    """Returns an ``explain_pair`` dict in one line (1-based sentence numbers): the plausible
+    story, the conflicting sentences and at most TEXT_STATES states, the backing contradiction's
+    first (``_text_states``); the number of the states left out."""
     c = explanation["conflict"]
     i, j = c["evidence"] + 1, c["breakpoint"] + 1
     head = (f"Story {explanation['plausible_story'] + 1} is plausible. "
             f"In story {explanation['implausible_story'] + 1}, sentences {i} and {j} conflict")
     if not c["detected"]:
         head += " (weakly: the model's belief is below 0.5)"
-    by_entity: dict[tuple[str, str], list[str]] = {}
-    for state in explanation["states"]:
-        by_entity.setdefault((state["side"], state["entity"]), []).append(state["value"])
-    effects = [f"after sentence {i} {_mention(entity)} is {_join(values)}"
-               for (side, entity), values in by_entity.items() if side == "effect"]
-    preconditions = [f"sentence {j} needs {_mention(entity)} to be {_join(values)}"
-                     for (side, entity), values in by_entity.items() if side == "precondition"]
-    if not effects and not preconditions:
-        return head + "; no predicted physical state supports it."
-    text = head + ": " + "; ".join(effects + preconditions) + "."
     backing = explanation.get("backing")
+    chosen = _text_states(explanation)
+    if not chosen and not backing:
+        return head + "; no predicted physical state supports it."
+    clauses = []
     if backing:
-        text += (f" The conflict: after sentence {i} {_mention(backing['entity'])} is "
-                 f"{backing['effect_value']}, but sentence {j} needs it "
-                 f"{backing['precondition_value']}.")
-    return text
+        clauses.append(f"after sentence {i} {_mention(backing['entity'])} is "
+                       f"{backing['effect_value']}, but sentence {j} needs it "
+                       f"{backing['precondition_value']}")
+    by_entity: dict[tuple[str, str], list[str]] = {}
+    for state in chosen:
+        by_entity.setdefault((state["side"], state["entity"]), []).append(state["value"])
+    clauses += [f"after sentence {i} {_mention(entity)} is {_join(values)}"
+                for (side, entity), values in by_entity.items() if side == "effect"]
+    clauses += [f"sentence {j} needs {_mention(entity)} to be {_join(values)}"
+                for (side, entity), values in by_entity.items() if side == "precondition"]
+    more = sum(not _backs(s, backing) for s in explanation["states"]) - len(chosen)
+    rest = f" ({more} more predicted state{'s' if more > 1 else ''})" if more > 0 else ""
+    return head + ": " + "; ".join(clauses) + rest + "."
 
 
 def deciding_states(implausible: int, gold_conflict: Sequence[int], pre_label: Any,

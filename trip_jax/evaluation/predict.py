@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,8 +147,8 @@ def load_entity_model(name: str):
                 nlp = entity_lib.load_spacy(alternative)
             except entity_lib.SpacyModelError:
                 continue
-            logging.warning("spaCy model %r is not installed; using %r, an installed copy of "
-                            "the same model", name, alternative)
+            warnings.warn(f"spaCy model {name}: not installed; using {alternative}, an installed "
+                          "copy of the same model", entity_lib.SpacyModelWarning, stacklevel=2)
             return nlp, alternative
         raise
 

@@ -163,8 +163,9 @@ def file_sha256(path: epath.PathLike) -> str:
 
 
 def data_file_hashes(paths: Iterable[epath.PathLike]) -> dict[str, str]:
-    """Returns {path as given: sha256} for the data files an evaluation read."""
-    return {str(path): file_sha256(path) for path in paths}
+    """Returns {file name in its data directory: sha256} for the data files an evaluation read
+    (never the machine's path: reports are read on other machines)."""
+    return {epath.Path(path).name: file_sha256(path) for path in paths}
 
 
 def to_jsonable(value: Any) -> Any:

@@ -28,22 +28,18 @@ from trip_jax.config.messages import ConfigError
 from trip_jax.config.sections import Config, MeshConfig
 from trip_jax.config.typed import as_dict, typed
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
+from trip_jax.training.checkpoint_names import BEST_ACCURACY, CONFIG_FILE, KINDS, LATEST, SELECTED
 
-LATEST = "latest"
-SELECTED = "selected"
-BEST_ACCURACY = "best_accuracy"
 RANKING: dict[str, tuple[str, ...]] = {
     # The selected checkpoint: the best selection score (trip_jax/training/selection.py),
     # then the tiers.
     SELECTED: ("selection_score", "verifiability", "consistency", "accuracy"),
     BEST_ACCURACY: ("accuracy", "consistency", "verifiability"),
 }
-KINDS: tuple[str, ...] = (LATEST, SELECTED, BEST_ACCURACY)
 # The selected checkpoint's folder before issue 25: refused, with the rename that reads it.
 OLD_SELECTED = "best_verifiability"
 _ITEMS = {LATEST: ("params", "opt_state", "meta"),
           SELECTED: ("params", "meta"), BEST_ACCURACY: ("params", "meta")}
-CONFIG_FILE = "config.json"
 ENCODER_CONFIG_FILE = "encoder_config.json"
 TOKENIZER_DIR = "tokenizer"
 

@@ -13,17 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trip_jax.config.sections import LossConfig
-
-
-# The four loss configurations of the paper's Table 2, as (λp, λf, λc, λs); the weights are the
-# authors' released settings.
-LOSS_PRESETS: dict[str, tuple[float, float, float, float]] = {
-    "all": (0.4, 0.4, 0.1, 0.1),
-    "omit_story": (0.4, 0.4, 0.2, 0.0),
-    "omit_conflict": (0.4, 0.4, 0.0, 0.2),
-    "omit_states": (0.0, 0.0, 0.5, 0.5),
-}
+from trip_jax.config.sections import LOSS_PRESETS, LossConfig  # LOSS_PRESETS: the Table 2 rows
 
 
 def loss_preset(name: str, *, mask_padding_in_losses: bool = True) -> LossConfig:

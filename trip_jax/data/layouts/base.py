@@ -130,9 +130,12 @@ class Layout:
 
     def summary(self, encoded: Sequence[EncodedPair], batch_size: int) -> str:
         """One line on how a split is laid out at ``batch_size`` (one unshuffled epoch): encoder
-        tokens, the share of them that are real, and the distinct shapes."""
+        tokens per real token (below 1 where equal rows are encoded once), the share of real
+        rows, and the distinct shapes."""
         stats = self.stats(encoded, batch_size)
+        per = stats["tokens"] / stats["real_tokens"] if stats["real_tokens"] else 0.0
+        why = "; equal rows are encoded once" if per < 1 else ""
         return (f"{self.name} ({self.length_text()}), batch {batch_size}: "
-                f"{stats['real_tokens']:,} real tokens in {stats['tokens']:,} encoder tokens "
-                f"({100 * stats['token_fraction']:.0f}%), {100 * stats['real_fraction']:.0f}% "
+                f"{stats['tokens']:,} encoder tokens for {stats['real_tokens']:,} real tokens "
+                f"({per:.2f} per real token{why}), {100 * stats['real_fraction']:.0f}% "
                 f"real rows, {len(stats['shapes'])} batch shapes")
