@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-from absl import logging
 from etils import epath
 
 from trip_jax.config.sections import Config
