@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import logging
 from etils import epath
 
 from trip_jax.config.sections import Config
