@@ -7,9 +7,10 @@ adding its unit here (docs/reference.md#adding-an-encoder-family).
 from __future__ import annotations
 
 from trip_jax.models.contract import Family, TokenizerStyle
-from trip_jax.models.families import bert, deberta, roberta, t5
+from trip_jax.models.families import bert, deberta, modernbert, roberta, t5
 
-FAMILIES: tuple[Family, ...] = (bert.FAMILY, roberta.FAMILY, deberta.FAMILY, t5.FAMILY)
+FAMILIES: tuple[Family, ...] = (bert.FAMILY, roberta.FAMILY, deberta.FAMILY, t5.FAMILY,
+                                 modernbert.FAMILY)
 
 # Every model_type served, in registry order.
 MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.model_types)
