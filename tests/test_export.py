@@ -28,7 +28,7 @@ def _trainer(tiny_config, family):
     return build_trainer(config, model, sharding.create_mesh(config.mesh), total_steps=4)
 
 
-@pytest.mark.parametrize("family", registry.FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("family", registry.families(), ids=lambda f: f.name)
 def test_tiny_steps_export_for_cuda_and_tpu(tiny_config, family):
     trainer = _trainer(tiny_config, family)
     steps = export_steps.export_steps(trainer)

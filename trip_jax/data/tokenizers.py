@@ -17,12 +17,10 @@ from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from trip_jax.models.registry import TOKENIZER_STYLES
+from trip_jax.models.registry import tokenizer_styles
 from trip_jax.runtime import hub, paths
 
 WORD_LEVEL_PREFIX = "word_level:"
-# The encoder families' tokenizer styles (``trip_jax.models.registry``), by name.
-STYLES: tuple[str, ...] = tuple(TOKENIZER_STYLES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +44,9 @@ def load_tokenizer(spec: str, texts: Iterable[str] | None = None, *,
     """
     if spec.startswith(WORD_LEVEL_PREFIX):
         style = spec[len(WORD_LEVEL_PREFIX):]
-        if style not in STYLES:
-            raise ValueError(f"unknown word-level tokenizer style {style!r} in {spec!r}; "
-                             f"use one of: {', '.join(WORD_LEVEL_PREFIX + s for s in STYLES)}")
+        if style not in tokenizer_styles():
+            raise ValueError(f"unknown word-level tokenizer style {style!r} in {spec!r}; use one "
+                             f"of: {', '.join(WORD_LEVEL_PREFIX + s for s in tokenizer_styles())}")
         if texts is None:
             raise ValueError(f"tokenizer {spec!r} builds its vocabulary from texts; pass texts=")
         return build_word_level_tokenizer(texts, style=style)
@@ -108,7 +106,7 @@ def _load_pretrained(spec: str, *, local_files_only: bool, flag: str
 
 def _backend(style: str, vocab: dict[str, int] | None = None) -> Tokenizer:
     """Returns a word-level backend tokenizer of ``style``: lower-cased, punctuation split."""
-    spec = TOKENIZER_STYLES[style]
+    spec = tokenizer_styles()[style]
     special = spec.special_tokens
     vocab = vocab if vocab is not None else {t: i for i, t in enumerate(special.values())}
     backend = Tokenizer(models.WordLevel(vocab, unk_token=special["unk_token"]))
@@ -121,17 +119,20 @@ def _backend(style: str, vocab: dict[str, int] | None = None) -> Tokenizer:
     return backend
 
 
-def build_word_level_tokenizer(texts: Iterable[str], *, style: str = STYLES[0]
+def build_word_level_tokenizer(texts: Iterable[str], *, style: str | None = None
                                ) -> PreTrainedTokenizerFast:
-    """Builds a word-level tokenizer whose vocabulary is every word of ``texts``.
+    """Builds a word-level tokenizer whose vocabulary is every word of ``texts``, in ``style``
+    (a ``registry.tokenizer_styles`` name; None: the first).
 
     Ids: the special tokens first, then words by decreasing count, ties in alphabetical order, so
     the same texts (in any order) always give the same vocabulary. Unknown words map to the unk
     token.
     """
-    if style not in STYLES:
-        raise ValueError(f"unknown tokenizer style {style!r}; expected one of {STYLES}")
-    special = TOKENIZER_STYLES[style].special_tokens
+    styles = tokenizer_styles()
+    style = next(iter(styles)) if style is None else style
+    if style not in styles:
+        raise ValueError(f"unknown tokenizer style {style!r}; expected one of {tuple(styles)}")
+    special = styles[style].special_tokens
     # Count words exactly as the finished tokenizer will split them.
     splitter = _backend(style)
     counts: collections.Counter[str] = collections.Counter()
@@ -142,7 +143,7 @@ def build_word_level_tokenizer(texts: Iterable[str], *, style: str = STYLES[0]
     for word, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         vocab.setdefault(word, len(vocab))
     input_names = (["input_ids", "token_type_ids", "attention_mask"]
-                   if TOKENIZER_STYLES[style].token_types else ["input_ids", "attention_mask"])
+                   if styles[style].token_types else ["input_ids", "attention_mask"])
     return PreTrainedTokenizerFast(tokenizer_object=_backend(style, vocab),
                                    model_input_names=input_names, **special)
 
@@ -150,14 +151,15 @@ def build_word_level_tokenizer(texts: Iterable[str], *, style: str = STYLES[0]
 def tokenizer_info(tokenizer: PreTrainedTokenizerFast) -> TokenizerInfo:
     """Returns the style, pad id, vocabulary size and token-type use of ``tokenizer``.
 
-    The style is the first registry style (``STYLES``) whose sentence-pair template and token
-    type use the tokenizer's own match, else the first whose template does, else the first.
+    The style is the first registry style (``registry.tokenizer_styles``) whose sentence-pair
+    template and token type use the tokenizer's own match, else the first whose template does,
+    else the first.
     """
     if tokenizer.pad_token_id is None:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no pad token")
     types = "token_type_ids" in tokenizer.model_input_names
     roles = _pair_roles(tokenizer)
-    styles = list(TOKENIZER_STYLES.values())
+    styles = list(tokenizer_styles().values())
     found = ([s for s in styles if s.roles() == roles and s.token_types == types]
              or [s for s in styles if s.roles() == roles] or styles)
     return TokenizerInfo(

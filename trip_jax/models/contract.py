@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import jax
-import numpy as np
+if TYPE_CHECKING:  # the contract itself imports neither: the config reads the registry
+    import jax
+    import numpy as np
 
 Path_ = tuple[str, ...]
-Checkpoint = dict[Path_, np.ndarray]
+Checkpoint = dict[Path_, "np.ndarray"]
 
 
 class Encoder(Protocol):

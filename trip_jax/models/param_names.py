@@ -20,7 +20,7 @@ from trip_jax.models.contract import Path_
 # The stacks: (the stacked module's path, the path of layer {}), both from a parent module name:
 # each encoder family's (``registry``), then the tiered model's detector.
 _STACKS: tuple[tuple[Path_, Path_], ...] = tuple(dict.fromkeys(
-    [(f.layers.stacked, f.layers.per_layer) for f in registry.FAMILIES]
+    [(f.layers.stacked, f.layers.per_layer) for f in registry.families()]
     + [(("detector", "layers"), ("detector", "layer_{}"))]))
 ENCODER = "embedding."  # the encoder's PyTorch prefix
 HEAD_GROUPS = ("precondition_classifiers", "effect_classifiers")

@@ -45,7 +45,7 @@ _MAX_LISTED = 8
 
 # model_type -> function applied to a checkpoint before renaming (the families' ``convert``).
 _CONVERSION_HOOKS: dict[str, Callable[[Checkpoint], Checkpoint]] = {
-    t: f.convert for f in registry.FAMILIES for t in f.model_types if f.convert is not None}
+    t: f.convert for f in registry.families() for t in f.model_types if f.convert is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,7 @@ class LoadReport:
 # Tensors a family's checkpoints carry without a place in the model, ignored like Hugging Face's
 # ``_keys_to_ignore_on_load_unexpected`` (the families' ``ignore_unexpected``).
 _IGNORE_UNEXPECTED: dict[str, tuple[str, ...]] = {
-    t: f.ignore_unexpected for f in registry.FAMILIES for t in f.model_types
+    t: f.ignore_unexpected for f in registry.families() for t in f.model_types
     if f.ignore_unexpected}
 
 
