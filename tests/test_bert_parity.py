@@ -98,7 +98,8 @@ def test_roberta_positions_skip_padding():
     config = transformers.RobertaConfig(**TINY, pad_token_id=1)
     from trip_jax.models.bert import position_ids
     ids = jnp.array([[0, 5, 6, 1, 1], [1, 7, 1, 8, 9]])
-    np.testing.assert_array_equal(position_ids(config, ids), [[2, 3, 4, 1, 1], [1, 2, 1, 3, 4]])
+    np.testing.assert_array_equal(position_ids(config, ids, offset=True),
+                                  [[2, 3, 4, 1, 1], [1, 2, 1, 3, 4]])
 
 
 def test_sharded_safetensors_load_like_single_file(tiny, tmp_path):

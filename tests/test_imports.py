@@ -15,8 +15,9 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A module may import modules of its own floor or lower ones. A name stands for a module or a
 # whole sub-package of trip_jax (the longest name that matches decides: "data.schema" before
-# "data"); "benchmarks" for every benchmark. The role groups follow the data's path: the config
-# schema, the command line (``cli``, with the terminal it sets up) and the process-wide runtime
+# "data"); "benchmarks" for every benchmark. The role groups follow the data's path: the encoder
+# families (registry, units and Flax encoders: jax and flax only; the config's model types, the
+# tokenizers and the padding row read them) under the config schema, the command line (``cli``, with the terminal it sets up) and the process-wide runtime
 # under the data (files -> pairs -> arrays, layouts, the batch contract), the original
 # implementation's pieces (``reference``: jax, flax and optax only) under the model and training
 # that choose them, the model on the data, training on the model, evaluation on training's
@@ -24,6 +25,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # at the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("data.schema",),
+    ("models.registry", "models.contract", "models.families", "models.bert", "models.deberta",
+     "models.layer_stack", "models.segments", "models.activations"),
     ("config",),
     ("cli", "runtime.terminal"),
     ("runtime",),

@@ -17,6 +17,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from trip_jax.models import weights  # noqa: E402
+from trip_jax.models import registry  # noqa: E402
 from trip_jax.models.bert import position_ids  # noqa: E402
 from trip_jax.models.deberta import relative_layout  # noqa: E402
 from trip_jax.models.encoders import build_encoder  # noqa: E402
@@ -162,7 +163,9 @@ def test_roberta_packed_positions_restart_after_pad_id():
     ids = jnp.array([[0, 5, 2, 0, 7, 2, 1, 1]], jnp.int32)
     segments = jnp.array([[1, 1, 1, 2, 2, 2, 0, 0]], jnp.int32)
     bert = transformers.BertConfig(**BERT_TINY)
-    roberta_ids, bert_ids = jax.jit(lambda i, s: (position_ids(config, i, s),
+    offset = registry.family_of("roberta").position_offset
+    assert offset and not registry.family_of("bert").position_offset
+    roberta_ids, bert_ids = jax.jit(lambda i, s: (position_ids(config, i, s, offset=offset),
                                                   position_ids(bert, i, s)))(ids, segments)
     np.testing.assert_array_equal(roberta_ids, [[2, 3, 4, 2, 3, 4, 1, 1]])
     np.testing.assert_array_equal(bert_ids, [[0, 1, 2, 0, 1, 2, 0, 1]])

@@ -17,25 +17,17 @@ from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from trip_jax.models.registry import tokenizer_styles
 from trip_jax.runtime import hub, paths
 
 WORD_LEVEL_PREFIX = "word_level:"
-STYLES: tuple[str, ...] = ("bert", "roberta")
-
-# Special tokens of each style, in id order (RoBERTa's order matches the real roberta vocab).
-_SPECIAL_TOKENS: dict[str, dict[str, str]] = {
-    "bert": {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
-             "sep_token": "[SEP]", "mask_token": "[MASK]"},
-    "roberta": {"cls_token": "<s>", "pad_token": "<pad>", "sep_token": "</s>",
-                "unk_token": "<unk>", "mask_token": "<mask>"},
-}
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerInfo:
     """What downstream code needs to know about a tokenizer besides its vocabulary."""
 
-    style: str                  # "bert" ([CLS] a [SEP] b [SEP]) or "roberta" (<s> a </s></s> b </s>)
+    style: str                  # a registry style: "bert" ([CLS] a [SEP] b [SEP]), "roberta", ...
     pad_id: int
     vocab_size: int
     uses_token_type_ids: bool   # False: token_type_ids are all zeros (RoBERTa)
@@ -52,9 +44,9 @@ def load_tokenizer(spec: str, texts: Iterable[str] | None = None, *,
     """
     if spec.startswith(WORD_LEVEL_PREFIX):
         style = spec[len(WORD_LEVEL_PREFIX):]
-        if style not in STYLES:
-            raise ValueError(f"unknown word-level tokenizer style {style!r} in {spec!r}; "
-                             f"use one of: {', '.join(WORD_LEVEL_PREFIX + s for s in STYLES)}")
+        if style not in tokenizer_styles():
+            raise ValueError(f"unknown word-level tokenizer style {style!r} in {spec!r}; use one "
+                             f"of: {', '.join(WORD_LEVEL_PREFIX + s for s in tokenizer_styles())}")
         if texts is None:
             raise ValueError(f"tokenizer {spec!r} builds its vocabulary from texts; pass texts=")
         return build_word_level_tokenizer(texts, style=style)
@@ -114,33 +106,33 @@ def _load_pretrained(spec: str, *, local_files_only: bool, flag: str
 
 def _backend(style: str, vocab: dict[str, int] | None = None) -> Tokenizer:
     """Returns a word-level backend tokenizer of ``style``: lower-cased, punctuation split."""
-    special = _SPECIAL_TOKENS[style]
+    spec = tokenizer_styles()[style]
+    special = spec.special_tokens
     vocab = vocab if vocab is not None else {t: i for i, t in enumerate(special.values())}
     backend = Tokenizer(models.WordLevel(vocab, unk_token=special["unk_token"]))
     backend.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cls, sep = special["cls_token"], special["sep_token"]
-    if style == "bert":
-        single, pair = f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1"
-    else:
-        single, pair = f"{cls} $A {sep}", f"{cls} $A {sep} {sep} $B {sep}"
+    marks = [t for t in (spec.cls, spec.sep) if t is not None]
     backend.post_processor = processors.TemplateProcessing(
-        single=single, pair=pair, special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+        single=spec.single, pair=spec.pair, special_tokens=[(t, vocab[t]) for t in marks])
     return backend
 
 
-def build_word_level_tokenizer(texts: Iterable[str], *, style: str = "bert"
+def build_word_level_tokenizer(texts: Iterable[str], *, style: str | None = None
                                ) -> PreTrainedTokenizerFast:
-    """Builds a word-level tokenizer whose vocabulary is every word of ``texts``.
+    """Builds a word-level tokenizer whose vocabulary is every word of ``texts``, in ``style``
+    (a ``registry.tokenizer_styles`` name; None: the first).
 
     Ids: the special tokens first, then words by decreasing count, ties in alphabetical order, so
     the same texts (in any order) always give the same vocabulary. Unknown words map to the unk
     token.
     """
-    if style not in STYLES:
-        raise ValueError(f"unknown tokenizer style {style!r}; expected one of {STYLES}")
-    special = _SPECIAL_TOKENS[style]
+    styles = tokenizer_styles()
+    style = next(iter(styles)) if style is None else style
+    if style not in styles:
+        raise ValueError(f"unknown tokenizer style {style!r}; expected one of {tuple(styles)}")
+    special = styles[style].special_tokens
     # Count words exactly as the finished tokenizer will split them.
     splitter = _backend(style)
     counts: collections.Counter[str] = collections.Counter()
@@ -150,8 +142,8 @@ def build_word_level_tokenizer(texts: Iterable[str], *, style: str = "bert"
     vocab = {token: i for i, token in enumerate(special.values())}
     for word, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         vocab.setdefault(word, len(vocab))
-    input_names = (["input_ids", "token_type_ids", "attention_mask"] if style == "bert"
-                   else ["input_ids", "attention_mask"])
+    input_names = (["input_ids", "token_type_ids", "attention_mask"]
+                   if styles[style].token_types else ["input_ids", "attention_mask"])
     return PreTrainedTokenizerFast(tokenizer_object=_backend(style, vocab),
                                    model_input_names=input_names, **special)
 
@@ -159,20 +151,37 @@ def build_word_level_tokenizer(texts: Iterable[str], *, style: str = "bert"
 def tokenizer_info(tokenizer: PreTrainedTokenizerFast) -> TokenizerInfo:
     """Returns the style, pad id, vocabulary size and token-type use of ``tokenizer``.
 
-    The style is read from the tokenizer's own sentence-pair template: two separators between
-    the two sequences mean RoBERTa style.
+    The style is the first registry style (``registry.tokenizer_styles``) whose sentence-pair
+    template and token type use the tokenizer's own match, else the first whose template does,
+    else the first.
     """
     if tokenizer.pad_token_id is None:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no pad token")
-    ids = tokenizer("a", "b", add_special_tokens=True)["input_ids"]
-    sep = tokenizer.sep_token_id
-    doubled = sep is not None and any(x == y == sep for x, y in zip(ids, ids[1:]))
+    types = "token_type_ids" in tokenizer.model_input_names
+    roles = _pair_roles(tokenizer)
+    styles = list(tokenizer_styles().values())
+    found = ([s for s in styles if s.roles() == roles and s.token_types == types]
+             or [s for s in styles if s.roles() == roles] or styles)
     return TokenizerInfo(
-        style="roberta" if doubled else "bert",
+        style=found[0].name,
         pad_id=int(tokenizer.pad_token_id),
         vocab_size=len(tokenizer),
-        uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
+        uses_token_type_ids=types,
     )
+
+
+def _pair_roles(tokenizer: PreTrainedTokenizerFast) -> tuple[str, ...]:
+    """The tokenizer's encoding of the pair ("a", "b") as roles (``TokenizerStyle.roles``): its
+    cls token, its sep token (else its eos token), runs of other tokens."""
+    ids = tokenizer("a", "b", add_special_tokens=True)["input_ids"]
+    sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    roles: list[str] = []
+    for i in ids:
+        role = ("cls" if i == tokenizer.cls_token_id and i is not None
+                else "sep" if i == sep and i is not None else "x")
+        if not (role == "x" and roles and roles[-1] == "x"):
+            roles.append(role)
+    return tuple(roles)
 
 
 def tokenizer_spec(model_config) -> str:

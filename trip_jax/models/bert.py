@@ -1,4 +1,4 @@
-"""BERT and RoBERTa encoders in Flax linen, with Hugging Face Flax parameter names.
+"""The BERT encoder in Flax linen (families bert, roberta), with Hugging Face Flax names.
 
 ``BertEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden states
 [N, T, H] (no pooler); its layers are stacked (``param_names``), and with ``segment_ids`` each
@@ -17,29 +17,27 @@ from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
 from trip_jax.models.segments import segment_attention_mask, segment_positions
 
-# Families whose position ids start at pad_token_id + 1 and skip padding tokens.
-_PADDING_OFFSET_POSITIONS = ("roberta",)
 # The default bias of a masked key inside a packed row: it absorbs any attention logit, so that a
 # fully masked row attends uniformly over its own tokens (as a fully masked row alone does under
 # the float32 minimum), and it stays far above the float32 minimum that keeps other rows out.
 ROW_MASK_BIAS = -1e30
 
 
-def position_ids(config, input_ids: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-    """Returns absolute position ids [N, T]: 0.. for BERT; RoBERTa counts from pad_id + 1, pads
-    get pad_id.
+def position_ids(config, input_ids: jax.Array, segment_ids: jax.Array | None = None, *,
+                 offset: bool = False) -> jax.Array:
+    """Returns absolute position ids [N, T]: 0.. (BERT); with ``offset`` (RoBERTa) counted from
+    pad_id + 1, pads get pad_id.
 
-    With ``segment_ids`` (packed rows) the count restarts at each row: the offset in the row for
-    BERT, pad_id + 1 + offset for RoBERTa (whose padding tokens, segment 0, get pad_id).
+    With ``segment_ids`` (packed rows) the count restarts at each row: the offset in the row,
+    or pad_id + 1 + offset with ``offset`` (padding tokens, segment 0, get pad_id).
     """
-    roberta = getattr(config, "model_type", None) in _PADDING_OFFSET_POSITIONS
     if segment_ids is not None:
         offsets = segment_positions(segment_ids)
-        if roberta:
+        if offset:
             pad = config.pad_token_id
             return jnp.where(segment_ids > 0, offsets + pad + 1, pad)
         return offsets
-    if roberta:
+    if offset:
         pad = config.pad_token_id
         not_pad = (input_ids != pad).astype(jnp.int32)
         return jnp.cumsum(not_pad, axis=1) * not_pad + pad
@@ -101,6 +99,7 @@ class BertEmbeddings(nn.Module):
 
     config: Any
     dtype: Any = jnp.float32
+    position_offset: bool = False
 
     @nn.compact
     def __call__(self, input_ids, token_type_ids, deterministic: bool, segment_ids=None):
@@ -114,7 +113,7 @@ class BertEmbeddings(nn.Module):
         types = _embed(cfg, cfg.type_vocab_size, self.dtype,
                        "token_type_embeddings")(token_type_ids)
         positions = _embed(cfg, cfg.max_position_embeddings, self.dtype, "position_embeddings")(
-            position_ids(cfg, input_ids, segment_ids))
+            position_ids(cfg, input_ids, segment_ids, offset=self.position_offset))
         x = _layer_norm(cfg, self.dtype)(words + types + positions)
         return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
@@ -218,7 +217,8 @@ class BertEncoder(nn.Module):
 
     ``config`` is a transformers BertConfig or RobertaConfig; ``dtype`` the compute dtype
     (parameters are float32); ``remat`` rematerialises each layer in the backward pass;
-    ``unroll`` unrolls the layers' scan (``layer_stack.scanned``).
+    ``unroll`` unrolls the layers' scan (``layer_stack.scanned``); ``position_offset``: positions
+    count from pad_token_id + 1 (RoBERTa, ``position_ids``).
     Dropout is active when ``deterministic=False`` and needs a "dropout" rng. ``mask_bias``
     replaces the additive bias of masked keys (``attention_bias``).
 
@@ -234,6 +234,7 @@ class BertEncoder(nn.Module):
     dtype: Any = jnp.float32
     remat: bool = False
     unroll: bool = False
+    position_offset: bool = False
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
@@ -241,7 +242,7 @@ class BertEncoder(nn.Module):
         _check_config(self.config)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        x = BertEmbeddings(self.config, self.dtype, name="embeddings")(
+        x = BertEmbeddings(self.config, self.dtype, self.position_offset, name="embeddings")(
             input_ids, token_type_ids, deterministic, segment_ids)
         # Built once per call and shared by every layer.
         bias = attention_bias(attention_mask, mask_bias, segment_ids)

@@ -16,6 +16,7 @@ import transformers
 
 from trip_jax.data import batch_contract
 from trip_jax.data.layouts import dense
+from trip_jax.models import registry
 from trip_jax.data.tokenizers import tokenizer_info, tokenizer_spec
 from trip_jax.models.tiered import TieredModel, build_tiered_model
 from trip_jax.models.weights import load_pretrained
@@ -35,6 +36,9 @@ def random_encoder_config(model_config, tokenizer) -> transformers.PretrainedCon
     values = dataclasses.asdict(model_config.random_encoder)
     values.update(vocab_size=info.vocab_size, pad_token_id=info.pad_id,
                   type_vocab_size=2 if info.uses_token_type_ids else 1)
+    family = registry.family_of(values["model_type"])
+    if family.random_config is not None:
+        values = family.random_config(values)
     return encoder_config_from_dict(values)
 
 

@@ -1,12 +1,14 @@
-"""One entry point that builds the Flax encoder for a Hugging Face config."""
+"""One entry point that builds the Flax encoder for a Hugging Face config (``registry``)."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import linen as nn
 
-# model_type (as in a Hugging Face config.json) -> family that implements it.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("bert", "roberta", "deberta", "deberta-v2")
+from trip_jax.models import registry
+
+# model_type (as in a Hugging Face config.json) values with a family here.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = registry.MODEL_TYPES
 
 
 def build_encoder(hf_config, *, dtype=jnp.float32, remat: bool = False,
@@ -15,14 +17,10 @@ def build_encoder(hf_config, *, dtype=jnp.float32, remat: bool = False,
 
     ``dtype`` is the compute dtype (parameters stay float32); ``remat`` rematerialises each layer
     in the backward pass to trade compute for memory; ``unroll`` unrolls the layers' scan.
+    ValueError for a model_type no family serves, or an option its family lacks.
     """
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type in ("bert", "roberta"):
-        from trip_jax.models.bert import BertEncoder
-        return BertEncoder(config=hf_config, dtype=dtype, remat=remat, unroll=unroll)
-    if model_type in ("deberta", "deberta-v2"):
-        from trip_jax.models.deberta import DebertaEncoder
-        return DebertaEncoder(config=hf_config, dtype=dtype, remat=remat, unroll=unroll)
-    raise ValueError(
-        f"unsupported encoder architecture model_type={model_type!r}; "
-        f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    family = registry.family_of(getattr(hf_config, "model_type", None))
+    for option, wanted in (("remat", remat), ("unroll", unroll)):
+        if wanted and not getattr(family.capabilities, option):
+            raise ValueError(f"model.{option}: the {family.name} encoder does not support it")
+    return family.build(hf_config, dtype=dtype, remat=remat, unroll=unroll)

@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
-Path_ = tuple[str, ...]
+from trip_jax.models import registry
+from trip_jax.models.contract import Path_
 
-# The stacks: parent module -> (the stacked module's name, the names of layer {} below parent).
-_STACKS: dict[str, tuple[str, Path_]] = {
-    "encoder": ("layer", ("layer", "{}")),
-    "detector": ("layers", ("layer_{}",)),
-}
+# The stacks: (the stacked module's path, the path of layer {}), both from a parent module name:
+# each encoder family's (``registry``), then the tiered model's detector.
+_STACKS: tuple[tuple[Path_, Path_], ...] = tuple(dict.fromkeys(
+    [(f.layers.stacked, f.layers.per_layer) for f in registry.families()]
+    + [(("detector", "layers"), ("detector", "layer_{}"))]))
 ENCODER = "embedding."  # the encoder's PyTorch prefix
 HEAD_GROUPS = ("precondition_classifiers", "effect_classifiers")
 HEADS: Path_ = ("state_heads", "heads")
@@ -47,29 +48,31 @@ class Shape:
 
 def _stacked(path: Path_) -> tuple[Path_, Path_] | None:
     """(path through the stacked module, rest) of a stacked parameter, else None."""
-    for k, parent in enumerate(path[:-2]):
-        if parent in _STACKS and path[k + 1] == _STACKS[parent][0] \
-                and not path[k + 2].isdigit():
-            return path[:k + 2], path[k + 2:]
+    for k in range(len(path)):
+        for stacked, _ in _STACKS:
+            end = k + len(stacked)
+            if path[k:end] == stacked and end < len(path) and not path[end].isdigit():
+                return path[:end], path[end:]
     return None
 
 
 def _per_layer(path: Path_) -> tuple[Path_, int, Path_] | None:
     """(stacked module's path, layer index, rest) of a per-layer parameter, else None."""
-    for k, parent in enumerate(path[:-1]):
-        if parent not in _STACKS:
-            continue
-        stacked, names = _STACKS[parent]
-        below = path[k + 1:k + 1 + len(names)]
-        found = re.fullmatch("/".join(names).replace("{}", r"(\d+)"), "/".join(below))
-        if found and k + 1 + len(names) < len(path):
-            return path[:k + 1] + (stacked,), int(found.group(1)), path[k + 1 + len(names):]
+    for k in range(len(path) - 1):
+        for stacked, names in _STACKS:
+            below = path[k:k + len(names)]
+            found = re.fullmatch("/".join(names).replace("{}", r"(\d+)"), "/".join(below))
+            if found and k + len(names) < len(path):
+                return (path[:k] + stacked, int(found.group(1)), path[k + len(names):])
     return None
 
 
 def _layer_path(stacked: Path_, i: int, rest: Path_) -> Path_:
-    names = _STACKS[stacked[-2]][1]
-    return stacked[:-1] + tuple(n.format(i) for n in names) + rest
+    for pattern, names in _STACKS:
+        if stacked[len(stacked) - len(pattern):] == pattern:
+            return (stacked[:len(stacked) - len(pattern)] + tuple(n.format(i) for n in names)
+                    + rest)
+    raise ValueError(f"{'/'.join(stacked)} is no stack of layers")
 
 
 def _slice(value, i: int):

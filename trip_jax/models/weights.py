@@ -1,8 +1,8 @@
 """Hugging Face checkpoints (msgpack / safetensors / PyTorch .bin) -> Flax encoder parameters.
 
 Conversion is by renaming, guided by the encoder's expected per-layer tree, then stacking the
-layers (``param_names``); ``register_conversion_hook`` serves a family that needs more.
-Details: docs/reference.md#hand-written-parts-and-why.
+layers (``param_names``); a family that needs more declares a ``convert`` hook
+(``contract.Family``). Details: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization, traverse_util
 
-from trip_jax.models import param_names
+from trip_jax.models import param_names, registry
+from trip_jax.models.contract import Checkpoint, Path_
 from trip_jax.models.encoders import SUPPORTED_MODEL_TYPES, build_encoder
 from trip_jax.runtime import hub
 
 logger = logging.getLogger(__name__)
-
-Path_ = tuple[str, ...]
-Checkpoint = dict[Path_, np.ndarray]
 
 CONFIG_FILE = "config.json"
 FLAX_WEIGHTS = "flax_model.msgpack"
@@ -45,8 +43,9 @@ _HUB_PATTERNS = (
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _MAX_LISTED = 8
 
-# model_type -> function applied to a checkpoint before renaming (for families that need one).
-_CONVERSION_HOOKS: dict[str, Callable[[Checkpoint], Checkpoint]] = {}
+# model_type -> function applied to a checkpoint before renaming (the families' ``convert``).
+_CONVERSION_HOOKS: dict[str, Callable[[Checkpoint], Checkpoint]] = {
+    t: f.convert for f in registry.families() for t in f.model_types if f.convert is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,23 +59,10 @@ class LoadReport:
 
 
 # Tensors a family's checkpoints carry without a place in the model, ignored like Hugging Face's
-# ``_keys_to_ignore_on_load_unexpected``: DeBERTa ships position_embeddings even when
-# position_biased_input is false (then the model has none; with it true they load as usual).
+# ``_keys_to_ignore_on_load_unexpected`` (the families' ``ignore_unexpected``).
 _IGNORE_UNEXPECTED: dict[str, tuple[str, ...]] = {
-    "deberta": ("position_embeddings",),
-    "deberta-v2": ("position_embeddings",),
-}
-
-
-def register_conversion_hook(model_type: str, hook: Callable[[Checkpoint], Checkpoint]) -> None:
-    """Registers ``hook(checkpoint) -> checkpoint``, run on ``model_type`` checkpoints before
-    renaming.
-
-    Keys are path tuples as read from the file (a PyTorch ``a.b.weight`` is
-    ``("a", "b", "weight")``).
-    Only for a family whose Flax names cannot mirror its PyTorch names.
-    """
-    _CONVERSION_HOOKS[model_type] = hook
+    t: f.ignore_unexpected for f in registry.families() for t in f.model_types
+    if f.ignore_unexpected}
 
 
 def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool = True,

@@ -8,12 +8,13 @@ encoder's one pass computes its vector too. Details: docs/fidelity.md.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+
+from trip_jax.models.registry import family_of
 
 # The additive bias of masked keys in transformers 4.x before 4.21 (the reference ran 4.11).
 LEGACY_MASK_BIAS = -10000.0
@@ -48,11 +49,11 @@ def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Arra
 
 def mask_bias_for(encoder: nn.Module, attention: str) -> float | None:
     """The ``mask_bias`` that masks the padding row as ``attention`` says: "legacy"
-    ``LEGACY_MASK_BIAS`` (encoders that take ``mask_bias``: BERT and RoBERTa; else ValueError),
-    "masked" None (the encoder's own mask)."""
+    ``LEGACY_MASK_BIAS`` (encoders whose family takes ``mask_bias``:
+    ``contract.Capabilities``; else ValueError), "masked" None (the encoder's own mask)."""
     if attention == "masked":
         return None
-    if "mask_bias" not in inspect.signature(type(encoder).__call__).parameters:
+    if not family_of(encoder.config.model_type).capabilities.mask_bias:
         raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
                          "additive mask of BERT/RoBERTa; use 'masked' for "
                          f"{type(encoder).__name__}")

@@ -1,0 +1,250 @@
+"""T5's encoder (``model_type`` t5: T5 v1.0, v1.1 and Flan-T5) in Flax linen, as one family unit.
+
+RMS norms, relative-attention buckets (one table, Hugging Face's block 0's), the dense or gated
+feed-forward; no token types, no [CLS]: a row is read at its first token. Parameter names mirror
+``T5EncoderModel``'s (layers stacked under ``encoder/block``); ``a </s> b </s>``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from trip_jax.models import layer_stack
+from trip_jax.models.activations import get_activation
+from trip_jax.models.bert import attention_bias
+from trip_jax.models.contract import (Capabilities, Checkpoint, Family, LayerLayout,
+                                      TokenizerStyle)
+
+# Hugging Face keeps the one relative-attention table in block 0; here it is the stack's own.
+_TABLE_IN_BLOCK_0 = ("encoder", "block", "0", "layer", "0", "SelfAttention",
+                     "relative_attention_bias")
+_TABLE = ("encoder", "relative_attention_bias")
+
+
+def relative_position_buckets(length: int, num_buckets: int, max_distance: int) -> np.ndarray:
+    """int32 [length, length]: the bidirectional bucket of key k seen from query q (distance
+    k - q), in float32 steps as Hugging Face's ``T5Attention._relative_position_bucket``."""
+    distance = np.arange(length)[None, :] - np.arange(length)[:, None]
+    half = num_buckets // 2
+    buckets = (distance > 0).astype(np.int64) * half
+    distance = np.abs(distance)
+    exact = half // 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = (np.log(distance.astype(np.float32) / np.float32(exact))
+                  / np.float32(math.log(max_distance / exact)) * np.float32(half - exact))
+    large = np.minimum(exact + np.where(distance < exact, 0, scaled).astype(np.int64), half - 1)
+    return (buckets + np.where(distance < exact, distance, large)).astype(np.int32)
+
+
+def _dense(features: int, std: float, dtype, name: str) -> nn.Dense:
+    return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=jnp.float32, name=name,
+                    kernel_init=nn.initializers.normal(std))
+
+
+class RMSNorm(nn.Module):
+    """T5's layer norm: scale only, no mean, computed in float32."""
+
+    epsilon: float
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.epsilon)
+        return (scale * x32).astype(self.dtype)
+
+
+class T5SelfAttention(nn.Module):
+    """Unscaled multi-head attention (q, k, v, o without bias) over the summed bias."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool):
+        cfg = self.config
+        heads, head_dim, factor = cfg.num_heads, cfg.d_kv, cfg.initializer_factor
+        inner = heads * head_dim
+        split = lambda h: h.reshape(h.shape[:-1] + (heads, head_dim))
+        query = split(_dense(inner, factor * (cfg.d_model * head_dim) ** -0.5, self.dtype,
+                             "q")(x))
+        key = split(_dense(inner, factor * cfg.d_model ** -0.5, self.dtype, "k")(x))
+        value = split(_dense(inner, factor * cfg.d_model ** -0.5, self.dtype, "v")(x))
+        logits = jnp.einsum("nqhd,nkhd->nhqk", query, key, preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(logits + bias, axis=-1)
+        probs = nn.Dropout(cfg.dropout_rate)(probs, deterministic=deterministic)
+        out = jnp.einsum("nhqk,nkhd->nqhd", probs.astype(self.dtype), value)
+        return _dense(cfg.d_model, factor * inner ** -0.5, self.dtype, "o")(
+            out.reshape(out.shape[:-2] + (inner,)))
+
+
+class T5FeedForward(nn.Module):
+    """Hugging Face's DenseReluDense: wi -> act -> wo, or (gated) act(wi_0) * wi_1 -> wo."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        cfg = self.config
+        std_in = cfg.initializer_factor * cfg.d_model ** -0.5
+        act = get_activation(cfg.dense_act_fn)
+        if cfg.is_gated_act:
+            h = (act(_dense(cfg.d_ff, std_in, self.dtype, "wi_0")(x))
+                 * _dense(cfg.d_ff, std_in, self.dtype, "wi_1")(x))
+        else:
+            h = act(_dense(cfg.d_ff, std_in, self.dtype, "wi")(x))
+        h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+        return _dense(cfg.d_model, cfg.initializer_factor * cfg.d_ff ** -0.5, self.dtype,
+                      "wo")(h)
+
+
+class T5Sublayers(nn.Module):
+    """Hugging Face's ``block.{i}.layer``: 0 the self-attention, 1 the feed-forward, each
+    pre-normed with a residual."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, bias):
+        cfg, det = self.config, self.deterministic
+        drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
+        attention = _Sublayer(cfg, self.dtype, "SelfAttention", name="0")
+        x = x + drop(attention(x, bias, det))
+        return x + drop(_Sublayer(cfg, self.dtype, "DenseReluDense", name="1")(x, None, det))
+
+
+class _Sublayer(nn.Module):
+    """``layer_norm`` then ``SelfAttention`` or ``DenseReluDense`` (``kind``)."""
+
+    config: Any
+    dtype: Any
+    kind: str
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool):
+        h = RMSNorm(self.config.layer_norm_epsilon, self.dtype, name="layer_norm")(x)
+        if self.kind == "SelfAttention":
+            return T5SelfAttention(self.config, self.dtype, name=self.kind)(h, bias,
+                                                                           deterministic)
+        return T5FeedForward(self.config, self.dtype, name=self.kind)(h, deterministic)
+
+
+class T5Block(nn.Module):
+    """One block (scanned: ``layer_stack``); returns ``(x, None)``."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, bias):
+        return T5Sublayers(self.config, self.dtype, self.deterministic, name="layer")(x, bias), None
+
+
+class T5Stack(nn.Module):
+    """Hugging Face's ``encoder``: the relative-attention table, the blocks, the final norm."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+    unroll: bool = False
+
+    @nn.compact
+    def __call__(self, x, mask_bias, deterministic: bool):
+        cfg = self.config
+        table = nn.Embed(cfg.relative_attention_num_buckets, cfg.num_heads, param_dtype=jnp.float32,
+                         embedding_init=nn.initializers.normal(
+                             cfg.initializer_factor * cfg.d_model ** -0.5),
+                         name="relative_attention_bias").embedding
+        buckets = relative_position_buckets(x.shape[1], cfg.relative_attention_num_buckets,
+                                            cfg.relative_attention_max_distance)
+        positions = jnp.moveaxis(table[buckets], -1, 0)[None]  # [1, heads, T, T]
+        bias = positions.astype(jnp.float32) + mask_bias
+        layers = layer_stack.scanned(T5Block, length=cfg.num_layers, remat=self.remat,
+                                     unroll=self.unroll)
+        x, _ = layers(cfg, self.dtype, deterministic, name="block")(x, bias)
+        x = RMSNorm(cfg.layer_norm_epsilon, self.dtype, name="final_layer_norm")(x)
+        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+class T5Encoder(nn.Module):
+    """T5's encoder returning the last hidden states [N, T, H] (``contract.Encoder``).
+
+    ``config`` a transformers T5Config; ``token_type_ids`` are ignored (T5 has none); with
+    ``segment_ids`` a token attends only to its own row, whose relative positions are those of
+    the row alone, and a fully masked row attends uniformly over itself (``bert.attention_bias``).
+    """
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+    unroll: bool = False
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
+                 segment_ids=None):
+        cfg = self.config
+        if getattr(cfg, "is_decoder", False):
+            raise NotImplementedError("a T5 decoder config is not an encoder")
+        x = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=self.dtype, param_dtype=jnp.float32,
+                     embedding_init=nn.initializers.normal(cfg.initializer_factor),
+                     name="shared")(input_ids)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        return T5Stack(cfg, self.dtype, self.remat, self.unroll, name="encoder")(
+            x, attention_bias(attention_mask, None, segment_ids), deterministic)
+
+
+def convert(checkpoint: Checkpoint) -> Checkpoint:
+    """Block 0's relative-attention table to the stack's; ``encoder.embed_tokens`` (tied to
+    ``shared``) as ``shared`` where the file lacks it. Keys with a base-model prefix too."""
+    out: Checkpoint = {}
+    for path, value in checkpoint.items():
+        for k in range(len(path)):
+            if path[k:k + len(_TABLE_IN_BLOCK_0)] == _TABLE_IN_BLOCK_0:
+                path = path[:k] + _TABLE + path[k + len(_TABLE_IN_BLOCK_0):]
+                break
+        out[path] = value
+    for path in [p for p in out if p[-3:] == ("encoder", "embed_tokens", "weight")]:
+        shared = path[:-3] + ("shared", "weight")
+        value = out.pop(path)
+        out.setdefault(shared, value)
+    return out
+
+
+def random_config(values: dict) -> dict:
+    """``model.random_encoder`` as a Flan-T5-style (gated GELU) T5Config's keywords."""
+    heads = values["num_attention_heads"]
+    return dict(model_type="t5", vocab_size=values["vocab_size"],
+                pad_token_id=values["pad_token_id"], d_model=values["hidden_size"],
+                num_layers=values["num_hidden_layers"], num_heads=heads,
+                d_kv=values["hidden_size"] // heads, d_ff=values["intermediate_size"],
+                dropout_rate=values["hidden_dropout_prob"], feed_forward_proj="gated-gelu",
+                decoder_start_token_id=values["pad_token_id"])
+
+
+TOKENIZER = TokenizerStyle(
+    name="t5", special_tokens={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
+    cls=None, sep="</s>", single="$A </s>", pair="$A </s> $B </s>", token_types=False)
+
+
+def build(hf_config, **options) -> T5Encoder:
+    """The encoder (options: dtype, remat, unroll)."""
+    return T5Encoder(config=hf_config, **options)
+
+
+FAMILY = Family(
+    name="t5", model_types=("t5",), build=build,
+    layers=LayerLayout(stacked=("encoder", "block"), per_layer=("encoder", "block", "{}")),
+    tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
+    pooled="the row's first token (the entity's first piece: T5 has no [CLS])",
+    random_config=random_config)
