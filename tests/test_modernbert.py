@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -16,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import encoder_parity as parity  # noqa: E402
 from trip_jax import train  # noqa: E402
 from trip_jax.models import registry, weights  # noqa: E402
 from trip_jax.models.encoders import build_encoder  # noqa: E402
@@ -59,18 +59,6 @@ def tiny(tmp_path_factory):
     return out
 
 
-def _torch_out(model, ids, mask):
-    with torch.no_grad():
-        return model(input_ids=torch.tensor(np.asarray(ids), dtype=torch.long),
-                     attention_mask=torch.tensor(np.asarray(mask), dtype=torch.long)
-                     ).last_hidden_state.numpy()
-
-
-def _rows(lengths, seed=0):
-    rs = np.random.RandomState(seed)
-    return [rs.randint(2, TINY["vocab_size"], n).astype(np.int32) for n in lengths]
-
-
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_single_rows_match_torch_and_load_with_an_empty_report(tiny, variant, fmt):
@@ -83,34 +71,13 @@ def test_single_rows_match_torch_and_load_with_an_empty_report(tiny, variant, fm
                                            weights.expected_params(config), source=source)
     assert not report.missing and not report.unused
     assert "model/layers/2/attn/Wqkv/kernel" in report.loaded
-    ids = np.zeros((3, 12), np.int32)
-    mask = np.zeros_like(ids)
-    for i, row in enumerate(_rows([12, 9, 3])):
-        ids[i, :len(row)], mask[i, :len(row)] = row, 1
-    ours = jax.jit(build_encoder(config).apply)({"params": params}, ids, mask)
-    diff = np.abs(np.asarray(ours) - _torch_out(model, ids, mask)) * mask[..., None]
-    assert diff.max() <= TOL, diff.max()
+    parity.assert_padded_rows_match(model, config, params, TINY["vocab_size"], TOL)
 
 
 def test_packed_rows_match_each_row_alone_in_torch(tiny):
     model, st_dir, _ = tiny["biased"]
     config, params = weights.load_pretrained(st_dir)
-    rows = _rows([5, 12, 3, 7], seed=1)
-    # Two sequences of 20 tokens: rows 1+2 (17 tokens, 3 padding), rows 3+4 (10, 10 padding).
-    ids, segments = np.zeros((2, 20), np.int32), np.zeros((2, 20), np.int32)
-    starts = []
-    for n, pair in enumerate(((0, 1), (2, 3))):
-        at = 0
-        for k, r in enumerate(pair):
-            ids[n, at:at + len(rows[r])], segments[n, at:at + len(rows[r])] = rows[r], k + 1
-            starts.append((n, at))
-            at += len(rows[r])
-    hidden = jax.jit(build_encoder(config).apply)(
-        {"params": params}, ids, (segments > 0).astype(np.int32), segment_ids=segments)
-    for row, (n, at) in zip(rows, starts):
-        alone = _torch_out(model, row[None], np.ones((1, len(row)), np.int32))[0]
-        diff = np.abs(np.asarray(hidden[n, at:at + len(row)]) - alone).max()
-        assert diff <= TOL, diff
+    parity.assert_packed_rows_match(model, config, params, TINY["vocab_size"], TOL)
 
 
 def test_a_masked_lm_checkpoint_loads_its_encoder_and_reports_the_head(tmp_path):
@@ -122,7 +89,7 @@ def test_a_masked_lm_checkpoint_loads_its_encoder_and_reports_the_head(tmp_path)
                                            weights.expected_params(config), source=source)
     assert not report.missing and report.unused
     assert all(name.startswith(("head.", "decoder.")) for name in report.unused), report.unused
-    ids = np.asarray(_rows([10])[0])[None]
+    ids = np.asarray(parity.random_rows([10], TINY["vocab_size"])[0])[None]
     ours = jax.jit(build_encoder(config).apply)({"params": params}, ids, np.ones_like(ids))
     with torch.no_grad():
         theirs = model.model(input_ids=torch.tensor(ids, dtype=torch.long)
@@ -138,7 +105,7 @@ def test_the_family_declares_no_token_types_and_its_own_special_tokens():
                                                          "pad_token"]  # ModernBERT's id order
     config = transformers.ModernBertConfig(**TINY)
     module = build_encoder(config)
-    ids = jnp.asarray(_rows([6])[0])[None]
+    ids = jnp.asarray(parity.random_rows([6], TINY["vocab_size"])[0])[None]
     params = module.init(jax.random.key(0), ids, jnp.ones_like(ids))
     types = jnp.ones_like(ids)
     np.testing.assert_array_equal(module.apply(params, ids, jnp.ones_like(ids), types),
@@ -168,13 +135,12 @@ def test_configs_modernbert_names_the_large_model_and_stops_in_one_line_when_not
            "PYTHONPATH": str(REPO)}
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         env.pop(key, None)
-    start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "trip_jax.main", "--config=configs/modernbert.py",
-                             f"--workdir={tmp_path / 'w'}"], cwd=REPO, env=env,
+    result = subprocess.run([sys.executable, "-m", "trip_jax.main",
+                             "--config=configs/modernbert.py", f"--workdir={tmp_path / 'w'}"],
+                            cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - start
     errors = [line for line in (result.stdout + result.stderr).splitlines()
               if line.startswith("error: ")]
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(errors) == 1 and "could not load 'answerdotai/ModernBERT-large'" in errors[0]
-    assert "Traceback" not in result.stderr and seconds < 120, seconds
+    assert "Traceback" not in result.stderr

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -16,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import encoder_parity as parity  # noqa: E402
 from trip_jax import train  # noqa: E402
 from trip_jax.models import registry, weights  # noqa: E402
 from trip_jax.models.encoders import build_encoder  # noqa: E402
@@ -58,18 +58,6 @@ def tiny(tmp_path_factory):
     return out
 
 
-def _torch_out(model, ids, mask):
-    with torch.no_grad():
-        return model(input_ids=torch.tensor(np.asarray(ids), dtype=torch.long),
-                     attention_mask=torch.tensor(np.asarray(mask), dtype=torch.long)
-                     ).last_hidden_state.numpy()
-
-
-def _rows(lengths, seed=0):
-    rs = np.random.RandomState(seed)
-    return [rs.randint(2, TINY["vocab_size"], n).astype(np.int32) for n in lengths]
-
-
 def test_buckets_equal_hugging_faces():
     from transformers.models.t5.modeling_t5 import T5Attention
     for buckets, distance in ((32, 128), (8, 20), (64, 256)):
@@ -91,34 +79,13 @@ def test_single_rows_match_torch_and_load_with_an_empty_report(tiny, variant, fm
                                            weights.expected_params(config), source=source)
     assert not report.missing and not report.unused
     assert "encoder/relative_attention_bias/embedding" in report.loaded
-    ids = np.zeros((3, 12), np.int32)
-    mask = np.zeros_like(ids)
-    for i, row in enumerate(_rows([12, 9, 3])):
-        ids[i, :len(row)], mask[i, :len(row)] = row, 1
-    ours = jax.jit(build_encoder(config).apply)({"params": params}, ids, mask)
-    diff = np.abs(np.asarray(ours) - _torch_out(model, ids, mask)) * mask[..., None]
-    assert diff.max() <= TOL, diff.max()
+    parity.assert_padded_rows_match(model, config, params, TINY["vocab_size"], TOL)
 
 
 def test_packed_rows_match_each_row_alone_in_torch(tiny):
     model, st_dir, _ = tiny["v1.1"]
     config, params = weights.load_pretrained(st_dir)
-    rows = _rows([5, 12, 3, 7], seed=1)
-    # Two sequences of 20 tokens: rows 1+2 (17 tokens, 3 padding), rows 3+4 (10, 10 padding).
-    ids, segments = np.zeros((2, 20), np.int32), np.zeros((2, 20), np.int32)
-    starts = []
-    for n, pair in enumerate(((0, 1), (2, 3))):
-        at = 0
-        for k, r in enumerate(pair):
-            ids[n, at:at + len(rows[r])], segments[n, at:at + len(rows[r])] = rows[r], k + 1
-            starts.append((n, at))
-            at += len(rows[r])
-    hidden = jax.jit(build_encoder(config).apply)(
-        {"params": params}, ids, (segments > 0).astype(np.int32), segment_ids=segments)
-    for row, (n, at) in zip(rows, starts):
-        alone = _torch_out(model, row[None], np.ones((1, len(row)), np.int32))[0]
-        diff = np.abs(np.asarray(hidden[n, at:at + len(row)]) - alone).max()
-        assert diff <= TOL, diff
+    parity.assert_packed_rows_match(model, config, params, TINY["vocab_size"], TOL)
 
 
 def test_a_seq2seq_checkpoint_loads_its_encoder_and_reports_the_decoder(tmp_path):
@@ -130,7 +97,7 @@ def test_a_seq2seq_checkpoint_loads_its_encoder_and_reports_the_decoder(tmp_path
                                            weights.expected_params(config), source=source)
     assert not report.missing and report.unused
     assert all(name.startswith(("decoder.", "lm_head.")) for name in report.unused)
-    ids = np.asarray(_rows([10])[0])[None]
+    ids = np.asarray(parity.random_rows([10], TINY["vocab_size"])[0])[None]
     ours = jax.jit(build_encoder(config).apply)({"params": params}, ids, np.ones_like(ids))
     with torch.no_grad():
         theirs = model.encoder(input_ids=torch.tensor(ids, dtype=torch.long)
@@ -144,7 +111,7 @@ def test_the_family_declares_no_token_types_and_a_tokenizer_without_cls():
     assert family.tokenizer.cls is None and "first token" in family.pooled
     config = transformers.T5Config(**TINY)
     module = build_encoder(config)
-    ids = jnp.asarray(_rows([6])[0])[None]
+    ids = jnp.asarray(parity.random_rows([6], TINY["vocab_size"])[0])[None]
     params = module.init(jax.random.key(0), ids, jnp.ones_like(ids))
     types = jnp.ones_like(ids)
     np.testing.assert_array_equal(module.apply(params, ids, jnp.ones_like(ids), types),
@@ -173,13 +140,11 @@ def test_configs_t5_names_flan_t5_large_and_stops_in_one_line_when_not_cached(tm
            "PYTHONPATH": str(REPO)}
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         env.pop(key, None)
-    start = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "trip_jax.main", "--config=configs/t5.py",
                              f"--workdir={tmp_path / 'w'}"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - start
     errors = [line for line in (result.stdout + result.stderr).splitlines()
               if line.startswith("error: ")]
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(errors) == 1 and "could not load 'google/flan-t5-large'" in errors[0]
-    assert "Traceback" not in result.stderr and seconds < 120, seconds
+    assert "Traceback" not in result.stderr
