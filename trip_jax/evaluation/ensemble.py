@@ -201,6 +201,12 @@ def votes(member_records: Sequence[Sequence[Mapping[str, Any]]], names: Sequence
         members.append({"name": name, "story": record["predicted_story"],
                          "conflict": record["predicted_conflict"],
                          **{key: record[key] for key in ("correct", "consistent", "verifiable")}})
+    return with_agreement(members)
+
+
+def with_agreement(members: list[dict[str, Any]]) -> dict[str, Any]:
+    """{"members": members, "members_agree": every member (a dict with "story" and "conflict")
+    chose the same story and the same conflicting sentences}."""
     agree = len({(m["story"], tuple(m["conflict"])) for m in members}) == 1
     return {"members": members, "members_agree": agree}
 

@@ -292,8 +292,7 @@ def _member_votes(names: Sequence[str], decoded: Sequence[decoding.Decoded], n: 
         believed = (member.conflict_prob[n][1 - story] >= 0.5).any(axis=0)
         members.append({"name": name, "story": story,
                         "conflict": [int(s) for s in np.flatnonzero(believed)]})
-    agree = len({(m["story"], tuple(m["conflict"])) for m in members}) == 1
-    return {"members": members, "members_agree": agree}
+    return ensemble.with_agreement(members)
 
 
 def _write(output: epath.Path, answers: list[dict], problems: dict[int, str],
