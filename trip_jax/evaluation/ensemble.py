@@ -23,10 +23,9 @@ from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import batch_contract, input_pipeline, layouts
 from trip_jax.data.types import StoryPair
 from trip_jax.evaluation import decoding, evaluate, metrics, model_names
+from trip_jax.models.tiered import NEG_LOGIT
 from trip_jax.training import checkpoints
 
-# Large negative logit of a class no member gives any probability (the model's NEG_LOGIT).
-NEG_LOGIT = -1e9
 # The tiers and F1s shown per member.
 MEMBER_METRICS: tuple[str, ...] = (*metrics.TIER_METRICS, "precondition_f1", "effect_f1",
                                    "conflict_f1")
