@@ -18,6 +18,13 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
+# XLA reads XLA_FLAGS once, when the first backend starts, and keeps them for the process; the
+# compilation cache keys on XLA_FLAGS as it is at each compilation. Start the backend now, so
+# that a test which sets XLA_FLAGS for its subprocesses (test_benchmarks, test_gpu_check: -O0)
+# cannot fix them for the rest of this worker: trained_workdir would train at -O0 and the cache
+# would hold -O0 programs under the keys of -O2 ones (test_faults' resume was 1e-4 off).
+jax.devices()
+
 
 def _data_dir() -> str:
     """The shared TRIP data: $TRIP_DATA_DIR, else ../shared/data/trip next to the repository."""
@@ -64,6 +71,19 @@ def compilation_cache(compilation_cache_dir):
     yield compilation_cache_dir
     for key, value in saved.items():
         jax.config.update(key, value)
+
+
+@pytest.fixture
+def benchmark_env(monkeypatch, data_dir):
+    """The benchmark processes a test starts read the shared TRIP data and compile at XLA -O0
+    (LLVM's optimisations dominate the compile time of one-step programs; no timing is
+    asserted). This process keeps the flags it started with (see ``jax.devices()`` above)."""
+    from jax._src import xla_bridge
+
+    assert xla_bridge.backends_are_initialized(), "XLA_FLAGS would stay -O0 in this worker"
+    monkeypatch.setenv("TRIP_DATA_DIR", data_dir)
+    flags = os.environ.get("XLA_FLAGS", "")
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_backend_optimization_level=0".strip())
 
 
 @pytest.fixture(scope="session")

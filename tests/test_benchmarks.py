@@ -9,7 +9,6 @@ compilation cache, shared by the processes, and XLA -O0 keep the run short.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -27,14 +26,7 @@ TIMED_FIELDS = {"compile_s", "first_call_s", "step_s", "pairs_per_s", "real_rows
                 "cpu_user_s_per_step", "cpu_sys_s_per_step"}
 
 
-@pytest.fixture(autouse=True)
-def benchmark_data(monkeypatch, data_dir):
-    """Points the benchmark processes at the shared TRIP data; they compile at XLA -O0 (LLVM's
-    optimisations dominate the compile time of these one-step programs, and no timing is
-    asserted)."""
-    monkeypatch.setenv("TRIP_DATA_DIR", data_dir)
-    flags = os.environ.get("XLA_FLAGS", "")
-    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_backend_optimization_level=0".strip())
+pytestmark = pytest.mark.usefixtures("benchmark_env")
 
 
 def run_smoke(tmp_path, cache_dir, *flags) -> dict:

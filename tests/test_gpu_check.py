@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 
 import pytest
 
@@ -20,13 +19,7 @@ TORCH_FIELDS = {"first_run_s", "step_s", "pairs_per_s", "model_flops", "mfu"}
 GOALS = [goal[0] for goal in cases.GPU_GOALS]
 
 
-@pytest.fixture(autouse=True)
-def check_env(monkeypatch, data_dir):
-    """The shared TRIP data; XLA -O0 (LLVM's optimisations dominate these one-step programs'
-    compile time, and no timing is asserted)."""
-    monkeypatch.setenv("TRIP_DATA_DIR", data_dir)
-    flags = os.environ.get("XLA_FLAGS", "")
-    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_backend_optimization_level=0".strip())
+pytestmark = pytest.mark.usefixtures("benchmark_env")
 
 
 def test_grid_is_the_reference_then_the_paper_config_then_large_bf16():
