@@ -244,7 +244,7 @@ def test_atomic_writes_leave_the_previous_file_on_failure(tmp_path, monkeypatch)
         "config.json"]
     monkeypatch.undo()
     reports.write_predictions(tmp_path / "p.jsonl", [{"a": 1}, {"a": 2}])
-    assert (tmp_path / "p.jsonl").read_text() == '{"a": 1}\n{"a": 2}\n'
+    assert (tmp_path / "p.jsonl").read_text() == '{"a":1}\n{"a":2}\n'
 
 
 def test_atomic_writes_on_gs_leave_no_temporary_objects(fake_gcs):

@@ -27,9 +27,10 @@ RIGHT, WRONG = "#4c9a5b", "#c8553d"
 
 def write_predictions(path: epath.PathLike,
                       records: Iterable[Mapping[str, Any]]) -> epath.Path:
-    """Writes one JSON object per line (e.g. ``metrics.outcome_record`` + an explanation),
-    the whole file at once (``paths.write_atomic``)."""
-    return write_atomic(path, "".join(json.dumps(to_jsonable(record), allow_nan=False) + "\n"
+    """Writes one compact JSON object per line (e.g. ``metrics.outcome_record`` + an
+    explanation), the whole file at once (``paths.write_atomic``)."""
+    return write_atomic(path, "".join(json.dumps(to_jsonable(record), allow_nan=False,
+                                                 separators=(",", ":")) + "\n"
                                       for record in records))
 
 
