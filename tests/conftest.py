@@ -6,6 +6,7 @@ Test modules get all of these as fixtures; none imports another test module.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -17,12 +18,18 @@ import jax
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
 
+# On a CPU-only install every test process (subprocesses inherit it) compiles at XLA -O0: LLVM's
+# optimisations dominate the compile time of the tests' tiny programs (docs/reference.md#tests).
+if (TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", "")
+        and not any(importlib.util.find_spec(name) for name in ACCELERATOR_PLUGINS)):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 # XLA reads XLA_FLAGS once, when the first backend starts, and keeps them for the process; the
 # compilation cache keys on XLA_FLAGS as it is at each compilation. Start the backend now, so
-# that a test which sets XLA_FLAGS for its subprocesses (test_benchmarks, test_gpu_check: -O0)
-# cannot fix them for the rest of this worker: trained_workdir would train at -O0 and the cache
-# would hold -O0 programs under the keys of -O2 ones (test_faults' resume was 1e-4 off).
+# that a test which sets XLA_FLAGS for its subprocesses cannot fix them for the rest of this
+# worker (test_faults' resume was once 1e-4 off a trained_workdir compiled at other flags).
 jax.devices()
 
 
@@ -76,14 +83,15 @@ def compilation_cache(compilation_cache_dir):
 @pytest.fixture
 def benchmark_env(monkeypatch, data_dir):
     """The benchmark processes a test starts read the shared TRIP data and compile at XLA -O0
-    (LLVM's optimisations dominate the compile time of one-step programs; no timing is
-    asserted). This process keeps the flags it started with (see ``jax.devices()`` above)."""
+    (as every test process on a CPU-only install; here on any machine: no timing is asserted).
+    This process keeps the flags it started with (see ``jax.devices()`` above)."""
     from jax._src import xla_bridge
 
-    assert xla_bridge.backends_are_initialized(), "XLA_FLAGS would stay -O0 in this worker"
+    assert xla_bridge.backends_are_initialized(), "XLA_FLAGS set now would stay in this worker"
     monkeypatch.setenv("TRIP_DATA_DIR", data_dir)
     flags = os.environ.get("XLA_FLAGS", "")
-    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_backend_optimization_level=0".strip())
+    if TEST_XLA_FLAGS not in flags:
+        monkeypatch.setenv("XLA_FLAGS", f"{flags} {TEST_XLA_FLAGS}".strip())
 
 
 @pytest.fixture(scope="session")
