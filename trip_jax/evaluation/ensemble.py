@@ -20,8 +20,7 @@ from etils import epath
 
 from trip_jax.config.sections import Config
 from trip_jax.config.typed import as_dict, typed
-from trip_jax.data import batch_contract, input_pipeline, layouts
-from trip_jax.data.types import StoryPair
+from trip_jax.data import batch_contract, input_pipeline
 from trip_jax.evaluation import decoding, evaluate, metrics, model_names
 from trip_jax.models.tiered import NEG_LOGIT
 from trip_jax.training import checkpoints
@@ -242,11 +241,9 @@ def evaluate_ensemble(config: Config | Any, workdir: str | os.PathLike,
             logging.warning("member %s was selected under protocol %s; scoring under %s",
                             workdir_name(members[index]), restored.meta["protocol"],
                             splits.protocol)
-        layout = layouts.from_config(restored.config.data).for_splits(splits)
-        evaluator = evaluate.Evaluator(
-            eval_step, pairs, input_pipeline.encode(pairs, restored.tokenizer, layout), layout,
-            restored.config.train.eval_batch_size, restored.mesh, progress=progress,
-            desc=f"{split} {index + 1}/{count}")
+        evaluator = evaluate.Evaluator.for_checkpoint(
+            restored, pairs, restored.config, splits=splits, eval_step=eval_step,
+            progress=progress, desc=f"{split} {index + 1}/{count}")
         return evaluator.predict(restored.params)
 
     kept, member_records, facts = [], [], []
