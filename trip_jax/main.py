@@ -89,6 +89,8 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 TRAINING_MODES = ("train", "cross_validate")
 # The modes that read the data directory of the config (evaluate reads its checkpoint's first).
 DATA_MODES = ("train", "cross_validate", "random_baseline")
+# The modes that read --members (an ensemble of trained workdirs).
+ENSEMBLE_MODES = ("evaluate", "predict")
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -102,8 +104,6 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (CheckpointError, readers.TripDataError, SpacyModelError,
             input_pipeline.UnknownSplitError, predict.PredictionError,
             workdir_lock.WorkdirLocked, hub.HubUnavailableError, ensemble.EnsembleError)
-# The modes that read --members (an ensemble of trained workdirs).
-ENSEMBLE_MODES = ("evaluate", "predict")
 
 
 def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = None) -> None:
