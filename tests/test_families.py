@@ -41,7 +41,7 @@ def test_each_model_type_has_one_family_and_the_readers_agree():
     for family in families:
         assert isinstance(family, contract.Family)
         assert all(registry.family_of(t) is family for t in family.model_types)
-        assert (family.layers.stacked, family.layers.per_layer) in param_names._STACKS
+        assert (family.layers.stacked, family.layers.per_layer) in param_names._stacks()
         for t in family.model_types:
             assert weights._IGNORE_UNEXPECTED.get(t, ()) == family.ignore_unexpected
             assert weights._CONVERSION_HOOKS.get(t) is family.convert

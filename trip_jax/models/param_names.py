@@ -8,6 +8,7 @@ The table: docs/convert.md#what-is-mapped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -17,11 +18,17 @@ import numpy as np
 from trip_jax.models import registry
 from trip_jax.models.contract import Path_
 
-# The stacks: (the stacked module's path, the path of layer {}), both from a parent module name:
-# each encoder family's (``registry``), then the tiered model's detector.
-_STACKS: tuple[tuple[Path_, Path_], ...] = tuple(dict.fromkeys(
-    [(f.layers.stacked, f.layers.per_layer) for f in registry.families()]
-    + [(("detector", "layers"), ("detector", "layer_{}"))]))
+
+@functools.cache
+def _stacks() -> tuple[tuple[Path_, Path_], ...]:
+    """The stacks: (the stacked module's path, the path of layer {}), both from a parent module
+    name: each encoder family's (``registry``), then the tiered model's detector. Read on first
+    use: the family units import Flax, this module is numpy only."""
+    return tuple(dict.fromkeys(
+        [(f.layers.stacked, f.layers.per_layer) for f in registry.families()]
+        + [(("detector", "layers"), ("detector", "layer_{}"))]))
+
+
 ENCODER = "embedding."  # the encoder's PyTorch prefix
 HEAD_GROUPS = ("precondition_classifiers", "effect_classifiers")
 HEADS: Path_ = ("state_heads", "heads")
@@ -49,7 +56,7 @@ class Shape:
 def _stacked(path: Path_) -> tuple[Path_, Path_] | None:
     """(path through the stacked module, rest) of a stacked parameter, else None."""
     for k in range(len(path)):
-        for stacked, _ in _STACKS:
+        for stacked, _ in _stacks():
             end = k + len(stacked)
             if path[k:end] == stacked and end < len(path) and not path[end].isdigit():
                 return path[:end], path[end:]
@@ -59,7 +66,7 @@ def _stacked(path: Path_) -> tuple[Path_, Path_] | None:
 def _per_layer(path: Path_) -> tuple[Path_, int, Path_] | None:
     """(stacked module's path, layer index, rest) of a per-layer parameter, else None."""
     for k in range(len(path) - 1):
-        for stacked, names in _STACKS:
+        for stacked, names in _stacks():
             below = path[k:k + len(names)]
             found = re.fullmatch("/".join(names).replace("{}", r"(\d+)"), "/".join(below))
             if found and k + len(names) < len(path):
@@ -68,7 +75,7 @@ def _per_layer(path: Path_) -> tuple[Path_, int, Path_] | None:
 
 
 def _layer_path(stacked: Path_, i: int, rest: Path_) -> Path_:
-    for pattern, names in _STACKS:
+    for pattern, names in _stacks():
         if stacked[len(stacked) - len(pattern):] == pattern:
             return (stacked[:len(stacked) - len(pattern)] + tuple(n.format(i) for n in names)
                     + rest)
