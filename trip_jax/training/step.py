@@ -1,8 +1,8 @@
 """The jitted train and eval steps and the ``Trainer`` that assembles a model's training pieces.
 
 ``build_trainer`` is the one place that turns a config and a model into the optimizer
-(``trip_jax.training.optimizers.make_optimizer``), the train state's shardings and the jitted train and
-eval steps; training (``trip_jax.train``) and the benchmarks both use it.
+(``trip_jax.training.optimizers.make_optimizer``), the train state's shapes and shardings and the
+jitted train and eval steps; training (``trip_jax.train``) and the benchmarks both use it.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings)
 @dataclasses.dataclass(frozen=True)
 class Trainer:
     """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
-    schedule, the train state's shardings, the jitted train and eval steps and the parameter
-    norm (``make_param_norm``)."""
+    schedule, the train state's shapes and shardings, the jitted train and eval steps and the
+    parameter norm (``make_param_norm``)."""
 
     config: Config
     model: Any
@@ -99,6 +99,7 @@ class Trainer:
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     state_shardings: Any
+    abstract: TrainState  # shapes of the train state (abstract_train_state)
     train_step: Callable
     eval_step: Callable
     param_norm: Callable
@@ -106,21 +107,21 @@ class Trainer:
     def fresh_state(self, encoder_params=None) -> TrainState:
         """A new train state (``create_train_state``), in ``state_shardings``."""
         state, _ = create_train_state(self.config, self.model, self.tx, self.mesh,
-                                      encoder_params)
+                                      encoder_params, (self.abstract, self.state_shardings))
         return state
 
     def abstract_state(self) -> TrainState:
         """Shapes of the train state, without allocating it."""
-        return abstract_train_state(self.config, self.model, self.tx, self.mesh)[0]
+        return self.abstract
 
 
 def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
     """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step, eval
     step (``make_eval_step``) and parameter norm (``make_param_norm``) on ``mesh``."""
     tx, schedule = optimizers.make_optimizer(config.train, total_steps)
-    _, shardings = abstract_train_state(config, model, tx, mesh)
+    abstract, shardings = abstract_train_state(config, model, tx, mesh)
     train_step = make_train_step(model, tx, schedule, config.loss, mesh, shardings,
                                  config.train.seed, freeze_encoder=config.train.freeze_encoder)
     eval_step = make_eval_step(model, config.loss, mesh, shardings.params)
-    return Trainer(config, model, mesh, tx, schedule, shardings, train_step, eval_step,
+    return Trainer(config, model, mesh, tx, schedule, shardings, abstract, train_step, eval_step,
                    make_param_norm(mesh, shardings.params))
