@@ -18,11 +18,13 @@ import jax
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# XLA:CPU compile time of the tests' tiny programs: LLVM's optimisations (-O0 drops them) and the
+# MLIR fusion emitters (the older emitters compile a train step in ~0.6x the time) dominate it.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
 
-# On a CPU-only install every test process (subprocesses inherit it) compiles at XLA -O0: LLVM's
-# optimisations dominate the compile time of the tests' tiny programs (docs/reference.md#tests).
+# On a CPU-only install every test process (subprocesses inherit it) compiles with
+# TEST_XLA_FLAGS (docs/reference.md#tests).
 if (TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", "")
         and not any(importlib.util.find_spec(name) for name in ACCELERATOR_PLUGINS)):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
@@ -31,6 +33,16 @@ if (TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", "")
 # that a test which sets XLA_FLAGS for its subprocesses cannot fix them for the rest of this
 # worker (test_faults' resume was once 1e-4 off a trained_workdir compiled at other flags).
 jax.devices()
+
+
+@pytest.fixture(autouse=True)
+def _keep_default_prng_impl():
+    """Restores JAX's default PRNG after each test: a command run in this process (e.g.
+    benchmarks.unroll_encoder, which sets rbg) must not change the dropout masks of later
+    tests' runs (test_faults' resume once came out 1e-4 off ``trained_workdir`` that way)."""
+    impl = jax.config.jax_default_prng_impl
+    yield
+    jax.config.update("jax_default_prng_impl", impl)
 
 
 def _data_dir() -> str:
@@ -80,10 +92,18 @@ def compilation_cache(compilation_cache_dir):
         jax.config.update(key, value)
 
 
+@pytest.fixture(scope="session")
+def test_xla_flags() -> str:
+    """XLA_FLAGS for the CPU programs of a test's subprocesses on any machine (as every test
+    process gets on a CPU-only install): fast compilation, nothing about speed is asserted."""
+    return TEST_XLA_FLAGS
+
+
 @pytest.fixture
 def benchmark_env(monkeypatch, data_dir):
-    """The benchmark processes a test starts read the shared TRIP data and compile at XLA -O0
-    (as every test process on a CPU-only install; here on any machine: no timing is asserted).
+    """The benchmark processes a test starts read the shared TRIP data and compile with
+    TEST_XLA_FLAGS (as every test process on a CPU-only install; here on any machine: no timing
+    is asserted).
     This process keeps the flags it started with (see ``jax.devices()`` above)."""
     from jax._src import xla_bridge
 

@@ -30,16 +30,13 @@ RUN_TIMEOUT_S = 900
 # 1 process × 4 devices against 2 × 2: the same program up to the order of float reductions.
 LOSS_RTOL = 1e-5
 PARAM_ATOL = 1e-5
-# XLA:CPU's LLVM optimisations more than double the compile time of these few-step runs (train
-# step: 43 s -> 20 s on a loaded 2-core machine); the check is about agreement, not speed, so
-# the children compile at -O0.
-XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
-def child_env(devices_per_process: int) -> dict[str, str]:
-    """Environment of the children: replaces the harness's XLA_FLAGS, keeping its device count."""
-    return {"XLA_FLAGS": f"{XLA_FLAGS} "
-                         f"--xla_force_host_platform_device_count={devices_per_process}"}
+def child_env(xla_flags: str, devices_per_process: int) -> dict[str, str]:
+    """Environment of the children: the tests' fast-compile ``xla_flags`` (the check is about
+    agreement, not speed) with the harness's device count."""
+    count = f"--xla_force_host_platform_device_count={devices_per_process}"
+    return {"XLA_FLAGS": f"{xla_flags} {count}"}
 
 
 def assemble(dumps: list[dict]) -> tuple[dict[str, np.ndarray], dict[str, list[float]]]:
@@ -83,7 +80,7 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, multiprocess, data_dir):
+def runs(tmp_path_factory, multiprocess, data_dir, test_xla_flags):
     """Runs 1-3 of the module docstring: (2-process results, 1-process result, fresh restore
     result, 2-process workdir)."""
     root = tmp_path_factory.mktemp("mp_training")
@@ -97,16 +94,16 @@ def runs(tmp_path_factory, multiprocess, data_dir):
             devices_per_process=4,
             kwargs=dict(data_dir=data_dir, workdir=str(folders["one"]),
                         out_dir=str(folders["one_out"])),
-            env=child_env(4), timeout_s=RUN_TIMEOUT_S)
+            env=child_env(test_xla_flags, 4), timeout_s=RUN_TIMEOUT_S)
         two = multiprocess.run_processes(
             "multiprocess_workers:training_worker", 2, devices_per_process=2,
             kwargs=dict(data_dir=data_dir, workdir=str(folders["two"]),
                         out_dir=str(folders["two_out"])),
-            env=child_env(2), timeout_s=RUN_TIMEOUT_S)
+            env=child_env(test_xla_flags, 2), timeout_s=RUN_TIMEOUT_S)
         [fresh] = multiprocess.run_processes(
             "multiprocess_workers:restore_worker", 1, devices_per_process=1,
             kwargs=dict(workdir=str(folders["two"]), out_dir=str(folders["fresh_out"])),
-            env=child_env(1), timeout_s=RUN_TIMEOUT_S)
+            env=child_env(test_xla_flags, 1), timeout_s=RUN_TIMEOUT_S)
         [one] = one_future.result()
     return two, one, fresh, folders["two"]
 

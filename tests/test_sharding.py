@@ -22,9 +22,6 @@ from trip_jax.config.typed import as_dict, typed
 from trip_jax.runtime import sharding
 
 STEPS = 3
-# XLA:CPU's LLVM optimisations dominate the compile time of these few-step programs; the check
-# is about agreement between layouts, not speed, so the subprocess compiles at -O0.
-XLA_FLAGS = "--xla_backend_optimization_level=0"
 LAYOUTS = {"one_device": (1, 1), "data_parallel": (8, 1), "fsdp": (2, 4)}
 
 
@@ -149,12 +146,14 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     return result
 
 
-def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir):
+def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir, test_xla_flags):
     out = tmp_path / "result.json"
     code = ("import json, sys; from test_sharding import equivalence_worker; "
             f"json.dump(equivalence_worker({data_dir!r}, {str(tmp_path / 'ckpt')!r}), "
             f"open({str(out)!r}, 'w'))")
-    env = {**os.environ, "XLA_FLAGS": f"{XLA_FLAGS} --xla_force_host_platform_device_count=8",
+    # The check is about agreement between layouts, not speed: the tests' fast-compile flags.
+    env = {**os.environ,
+           "XLA_FLAGS": f"{test_xla_flags} --xla_force_host_platform_device_count=8",
            "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"),
                                           os.environ.get("PYTHONPATH", "")])}
