@@ -217,3 +217,16 @@ def test_a_mistake_in_another_command_imports_nothing_heavy(argv):
     code, loaded, lines = probe(*argv)
     assert code in (1, 2) and len(lines) == 1 and lines[0].startswith("error: "), lines
     assert loaded == [], loaded
+
+
+def test_a_mesh_for_other_devices_is_refused_before_the_modes_imports(tmp_path):
+    # The devices are JAX's: it is imported, nothing else heavy is (flax, transformers, torch,
+    # orbax, the pipeline...), so the line comes in a second or two.
+    workdir = tmp_path / "run"
+    code, loaded, lines = probe("trip_jax.main", f"--workdir={workdir}",
+                                "--config=configs/tiny.py", "--config.mesh.data=2")
+    assert code == 2 and lines == [next(l for l in lines if l.startswith("error: "))], lines
+    assert "--config.mesh" in lines[0] and "data=2" in lines[0]
+    assert "jax" in loaded
+    assert [m for m in loaded if m != "jax" and not m.startswith("jax.")] == []
+    assert not workdir.exists()

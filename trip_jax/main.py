@@ -255,18 +255,18 @@ def main(argv) -> None:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(1)
     import jax
-    from etils import epath
-    from trip_jax import cross_validate
-    from trip_jax.evaluation import model_names
     from trip_jax.runtime import distributed, jax_setup
     jax_setup.quiet_backend_search()
     logging.get_absl_handler().addFilter(_QuietOrbax())
     if FLAGS.mode == "predict" and not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # only the answers and the problems
-    with _start_up():
+    with _start_up():  # the devices checked before the modes' imports (flax, transformers, ...)
         distributed.initialize_distributed()
         if FLAGS.mode in TRAINING_MODES:  # the others use the mesh their checkpoint was saved with
             check_devices(config, jax.device_count())
+    from etils import epath
+    from trip_jax import cross_validate
+    from trip_jax.evaluation import model_names
     logging.info("JAX process %d / %d, local devices: %s", jax.process_index(),
                  jax.process_count(), jax.local_devices())
     if FLAGS.mode in TRAINING_MODES:
