@@ -1,9 +1,9 @@
 """The benchmark harness end to end at smoke size: the JSON it writes has every expected field.
 
 Runs ``python -m benchmarks.run --smoke`` (tiny model, 4 dev pairs, one step per timing; the
-trip-jax cases and the eager PyTorch reference's, and their ratios) on CPU, on the shared TRIP
-data (the GPU check's smoke test: tests/test_gpu_check.py). No timing is asserted: the CPU is shared. The session's persistent
-compilation cache, shared by the processes, and XLA -O0 keep the run short.
+trip-jax cases, the eager PyTorch reference's and their ratios) on CPU, on the shared TRIP data
+(the GPU check's smoke test: tests/test_gpu_check.py). No timing is asserted: the CPU is shared.
+The session's compilation cache and the tests' compile flags (conftest) keep the run short.
 """
 
 from __future__ import annotations
