@@ -17,6 +17,7 @@ from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from trip_jax.models.contract import collapse_roles
 from trip_jax.models.registry import tokenizer_styles
 from trip_jax.runtime import hub, paths
 
@@ -175,13 +176,8 @@ def _pair_roles(tokenizer: PreTrainedTokenizerFast) -> tuple[str, ...]:
     cls token, its sep token (else its eos token), runs of other tokens."""
     ids = tokenizer("a", "b", add_special_tokens=True)["input_ids"]
     sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    roles: list[str] = []
-    for i in ids:
-        role = ("cls" if i == tokenizer.cls_token_id and i is not None
-                else "sep" if i == sep and i is not None else "x")
-        if not (role == "x" and roles and roles[-1] == "x"):
-            roles.append(role)
-    return tuple(roles)
+    return collapse_roles("cls" if i == tokenizer.cls_token_id and i is not None
+                          else "sep" if i == sep and i is not None else "x" for i in ids)
 
 
 def tokenizer_spec(model_config) -> str:

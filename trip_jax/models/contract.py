@@ -8,7 +8,7 @@ docs/reference.md#adding-an-encoder-family.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the contract itself imports neither: the config reads the registry
@@ -79,13 +79,18 @@ class TokenizerStyle:
 
     def roles(self) -> tuple[str, ...]:
         """The pair template as roles: "cls", "sep", "x" (a run of text tokens)."""
-        out: list[str] = []
-        for piece in self.pair.split():
-            role = ("cls" if piece == self.cls else "sep" if piece.split(":")[0] == self.sep
-                    else "x")
-            if not (role == "x" and out and out[-1] == "x"):
-                out.append(role)
-        return tuple(out)
+        return collapse_roles(
+            "cls" if piece == self.cls else "sep" if piece.split(":")[0] == self.sep else "x"
+            for piece in self.pair.split())
+
+
+def collapse_roles(roles: Iterable[str]) -> tuple[str, ...]:
+    """``roles`` ("cls", "sep", "x" per token) with each run of "x" (text tokens) as one "x"."""
+    out: list[str] = []
+    for role in roles:
+        if not (role == "x" and out and out[-1] == "x"):
+            out.append(role)
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
