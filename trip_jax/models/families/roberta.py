@@ -18,7 +18,7 @@ TOKENIZER = TokenizerStyle(
 
 def build(hf_config, **options) -> BertEncoder:
     """The encoder (options: dtype, remat, unroll), positions after the padding id."""
-    return BertEncoder(config=hf_config, position_offset=True, **options)
+    return BertEncoder(config=hf_config, position_offset=FAMILY.position_offset, **options)
 
 
 FAMILY = Family(name="roberta", model_types=("roberta",), build=build, layers=bert.LAYERS,
