@@ -49,7 +49,7 @@ def export_steps(trainer: Trainer, *, seq_len: int = SEQ_LEN,
     shapes and a one-pair batch (``builders.example_batch``), as ``{"exported": jax.export
     .Exported, "seconds": export time, "stablehlo_bytes": the module's text, "bytecode_bytes": its
     portable bytecode (``mlir_module_serialized``)}``."""
-    state = trainer.abstract_state()
+    state = trainer.abstract_state
     batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                          builders.example_batch(trainer.config.data.max_sentences,
                                                 seq_len=seq_len))
@@ -79,7 +79,7 @@ def measure(names) -> dict:
     records = []
     for name in names:
         trainer = paper_trainer(name)
-        params = trainer.abstract_state().params["encoder"]
+        params = trainer.abstract_state.params["encoder"]
         steps = export_steps(trainer)
         records.append({
             "config": f"configs/{name}.py", "model_type": ENCODERS[name]["model_type"],

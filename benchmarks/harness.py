@@ -153,7 +153,7 @@ class Harness:
         model = builders.build_model(config, hf_config)
         trainer = training_step.build_trainer(config, model, sharding.create_mesh(config.mesh),
                                               _SCHEDULE_STEPS)
-        state = trainer.abstract_state() if abstract else trainer.fresh_state(encoder_params)
+        state = trainer.abstract_state if abstract else trainer.fresh_state(encoder_params)
         return cls(data, hf_config, trainer, state)
 
     def config_batch(self, pairs: Sequence[EncodedPair]) -> dict[str, np.ndarray]:

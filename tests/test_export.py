@@ -32,7 +32,7 @@ def _trainer(tiny_config, family):
 def test_tiny_steps_export_for_cuda_and_tpu(tiny_config, family):
     trainer = _trainer(tiny_config, family)
     steps = export_steps.export_steps(trainer)
-    state = trainer.abstract_state()
+    state = trainer.abstract_state
     for name, args in (("train", (state, None)), ("eval", (state.params, None))):
         exported = steps[name]["exported"]
         assert exported.platforms == ("cuda", "tpu")

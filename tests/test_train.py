@@ -184,7 +184,7 @@ def trainer_of(config):
 
 def latest_state(workdir, trainer, **kwargs):
     """(params, opt_state, meta) of the latest checkpoint of ``workdir``, on the host."""
-    abstract, shardings = trainer.abstract_state(), trainer.state_shardings
+    abstract, shardings = trainer.abstract_state, trainer.state_shardings
     ckpts = checkpoints.RunCheckpoints(str(workdir), keep=2, async_save=False)
     try:
         params, opt_state, meta = ckpts.restore_latest(
@@ -351,7 +351,7 @@ def test_the_train_step_computes_one_norm_the_clips(tiny_config, monkeypatch):
     local = next(iter(input_pipeline.batch_stream(
         data.train, data.layout, config.train.batch_size, shuffle=False, seed=0, epoch=0,
         shards=sharding.local_batch_shards(trainer.mesh))))
-    state = trainer.abstract_state()
+    state = trainer.abstract_state
     trainer.train_step.trace(state, input_pipeline.global_batch(local, trainer.mesh))
     # One norm: the gradients' (the clip reuses it); the parameters' is not in the step.
     assert computed == [jax.tree.structure(state.params)]

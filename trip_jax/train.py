@@ -191,7 +191,7 @@ def _initial_state(setup: RunSetup, encoder_params) -> tuple[TrainState, list[di
         if config.train.init_from:
             state = state.replace(params=init_params_from(config, state.params))
         return state, []
-    abstract, shardings = trainer.abstract_state(), trainer.state_shardings
+    abstract, shardings = trainer.abstract_state, trainer.state_shardings
     params, opt_state, meta = setup.ckpts.restore_latest(
         abstract.params, abstract.opt_state, shardings.params, shardings.opt_state, config,
         init_opt_state=trainer.tx.init)

@@ -76,13 +76,16 @@ def abstract_train_state(config, model, tx: optax.GradientTransformation, mesh
 
 
 def create_train_state(config, model, tx: optax.GradientTransformation, mesh,
-                       encoder_params=None, abstract=None) -> tuple[TrainState, Any]:
+                       encoder_params=None, abstract_and_shardings=None
+                       ) -> tuple[TrainState, Any]:
     """Initialises the train state directly in its shardings; returns (state, shardings).
 
     ``encoder_params`` (pretrained, host arrays) replace the random encoder initialisation;
-    ``abstract``: ``abstract_train_state``'s result for these arguments, if already computed.
+    ``abstract_and_shardings``: ``abstract_train_state``'s result for these arguments, if
+    already computed.
     """
-    abstract, shardings = abstract or abstract_train_state(config, model, tx, mesh)
+    abstract, shardings = (abstract_and_shardings
+                           or abstract_train_state(config, model, tx, mesh))
     if encoder_params is not None:
         _check_encoder_params(abstract.params["encoder"], encoder_params, config.model.encoder)
     init = jax.jit(_init_fn(config, model, tx), out_shardings=shardings)

@@ -99,7 +99,7 @@ class Trainer:
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     state_shardings: Any
-    abstract: TrainState  # shapes of the train state (abstract_train_state)
+    abstract_state: TrainState  # shapes of the train state, not allocated
     train_step: Callable
     eval_step: Callable
     param_norm: Callable
@@ -107,12 +107,8 @@ class Trainer:
     def fresh_state(self, encoder_params=None) -> TrainState:
         """A new train state (``create_train_state``), in ``state_shardings``."""
         state, _ = create_train_state(self.config, self.model, self.tx, self.mesh,
-                                      encoder_params, (self.abstract, self.state_shardings))
+                                      encoder_params, (self.abstract_state, self.state_shardings))
         return state
-
-    def abstract_state(self) -> TrainState:
-        """Shapes of the train state, without allocating it."""
-        return self.abstract
 
 
 def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
