@@ -23,15 +23,20 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
 
+
+def _with_test_flags(flags: str) -> str:
+    """``flags`` (an XLA_FLAGS value) with TEST_XLA_FLAGS added unless they are there."""
+    return flags if TEST_XLA_FLAGS in flags else f"{flags} {TEST_XLA_FLAGS}".strip()
+
+
 # On a CPU-only install every test process (subprocesses inherit it) compiles with
 # TEST_XLA_FLAGS (docs/reference.md#tests).
-if (TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", "")
-        and not any(importlib.util.find_spec(name) for name in ACCELERATOR_PLUGINS)):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+if not any(importlib.util.find_spec(name) for name in ACCELERATOR_PLUGINS):
+    os.environ["XLA_FLAGS"] = _with_test_flags(os.environ.get("XLA_FLAGS", ""))
 # XLA reads XLA_FLAGS once, when the first backend starts, and keeps them for the process; the
 # compilation cache keys on XLA_FLAGS as it is at each compilation. Start the backend now, so
 # that a test which sets XLA_FLAGS for its subprocesses cannot fix them for the rest of this
-# worker (test_faults' resume was once 1e-4 off a trained_workdir compiled at other flags).
+# worker: its programs would then be compiled under other flags than their cache keys name.
 jax.devices()
 
 
@@ -103,15 +108,12 @@ def test_xla_flags() -> str:
 def benchmark_env(monkeypatch, data_dir):
     """The benchmark processes a test starts read the shared TRIP data and compile with
     TEST_XLA_FLAGS (as every test process on a CPU-only install; here on any machine: no timing
-    is asserted).
-    This process keeps the flags it started with (see ``jax.devices()`` above)."""
+    is asserted). This process keeps the flags it started with (``jax.devices()`` above)."""
     from jax._src import xla_bridge
 
     assert xla_bridge.backends_are_initialized(), "XLA_FLAGS set now would stay in this worker"
     monkeypatch.setenv("TRIP_DATA_DIR", data_dir)
-    flags = os.environ.get("XLA_FLAGS", "")
-    if TEST_XLA_FLAGS not in flags:
-        monkeypatch.setenv("XLA_FLAGS", f"{flags} {TEST_XLA_FLAGS}".strip())
+    monkeypatch.setenv("XLA_FLAGS", _with_test_flags(os.environ.get("XLA_FLAGS", "")))
 
 
 @pytest.fixture(scope="session")
