@@ -76,8 +76,9 @@ def _child_env(process_id: int, num_processes: int, port: int, devices_per_proce
     # The parent's own cluster settings must not leak into the children (TRIP_DATA_DIR etc. do).
     env = {k: v for k, v in os.environ.items()
            if k not in _CLUSTER_VARS and not k.startswith("SLURM_")}
+    # The caller's XLA_FLAGS (else the parent's), with this harness's device count.
     xla_flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
-                       env.get("XLA_FLAGS", "")).strip()
+                       extra_env.get("XLA_FLAGS", env.get("XLA_FLAGS", ""))).strip()
     env.update({
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"{xla_flags} --xla_force_host_platform_device_count={devices_per_process}"
@@ -90,7 +91,7 @@ def _child_env(process_id: int, num_processes: int, port: int, devices_per_proce
             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
         "PYTHONUNBUFFERED": "1",
     })
-    env.update(extra_env)
+    env.update({k: v for k, v in extra_env.items() if k != "XLA_FLAGS"})
     return env
 
 
@@ -124,8 +125,9 @@ def run_processes(target: str, num_processes: int = 2, *, kwargs: dict | None = 
     """Runs ``target`` ("module:function") in ``num_processes`` joined processes.
 
     Returns the function's return values (JSON round-tripped) ordered by process id. ``env`` is
-    added to each child's environment (after the TRIP_* and XLA variables, so it can override
-    them); ``log_dir`` keeps the per-process logs (default: a temporary folder, removed).
+    added to each child's environment (after the TRIP_* variables, so it can override them; its
+    XLA_FLAGS replace the parent's, the device count staying ``devices_per_process``);
+    ``log_dir`` keeps the per-process logs (default: a temporary folder, removed).
     Raises MultiprocessTimeout after ``timeout_s`` seconds, MultiprocessError when a child fails.
     """
     if ":" not in target:

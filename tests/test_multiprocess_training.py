@@ -32,13 +32,6 @@ LOSS_RTOL = 1e-5
 PARAM_ATOL = 1e-5
 
 
-def child_env(xla_flags: str, devices_per_process: int) -> dict[str, str]:
-    """Environment of the children: the tests' fast-compile ``xla_flags`` (the check is about
-    agreement, not speed) with the harness's device count."""
-    count = f"--xla_force_host_platform_device_count={devices_per_process}"
-    return {"XLA_FLAGS": f"{xla_flags} {count}"}
-
-
 def assemble(dumps: list[dict]) -> tuple[dict[str, np.ndarray], dict[str, list[float]]]:
     """Puts the global parameter arrays together from per-process shard dumps.
 
@@ -94,16 +87,16 @@ def runs(tmp_path_factory, multiprocess, data_dir, test_xla_flags):
             devices_per_process=4,
             kwargs=dict(data_dir=data_dir, workdir=str(folders["one"]),
                         out_dir=str(folders["one_out"])),
-            env=child_env(test_xla_flags, 4), timeout_s=RUN_TIMEOUT_S)
+            env={"XLA_FLAGS": test_xla_flags}, timeout_s=RUN_TIMEOUT_S)
         two = multiprocess.run_processes(
             "multiprocess_workers:training_worker", 2, devices_per_process=2,
             kwargs=dict(data_dir=data_dir, workdir=str(folders["two"]),
                         out_dir=str(folders["two_out"])),
-            env=child_env(test_xla_flags, 2), timeout_s=RUN_TIMEOUT_S)
+            env={"XLA_FLAGS": test_xla_flags}, timeout_s=RUN_TIMEOUT_S)
         [fresh] = multiprocess.run_processes(
             "multiprocess_workers:restore_worker", 1, devices_per_process=1,
             kwargs=dict(workdir=str(folders["two"]), out_dir=str(folders["fresh_out"])),
-            env=child_env(test_xla_flags, 1), timeout_s=RUN_TIMEOUT_S)
+            env={"XLA_FLAGS": test_xla_flags}, timeout_s=RUN_TIMEOUT_S)
         [one] = one_future.result()
     return two, one, fresh, folders["two"]
 
