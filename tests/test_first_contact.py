@@ -8,6 +8,8 @@ path, run as a subprocess, shows a person at most two lines besides the log.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import http.server
 import json
 import logging
@@ -18,10 +20,12 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 import warnings
 
 import pytest
 from absl import logging as absl_logging
+from etils import epath
 
 from trip_jax.data import tokenizers
 from trip_jax.data.record_checks import TripDataWarning
@@ -178,15 +182,17 @@ def test_the_tokenizer_flag_follows_the_config():
 @pytest.fixture
 def terminal_set_up():
     """``terminal.setup()`` over Python's own unraisable hook, for one test: the warning format,
-    the unraisable hook (pytest's, which collects the later tests' unraisable exceptions) and
-    the asyncio filter are restored afterwards."""
+    the unraisable hook (pytest's, which collects the later tests' unraisable exceptions), the
+    asyncio filter and the checkpoints noted as abandoned are restored afterwards."""
     saved, saved_hook = warnings.formatwarning, sys.unraisablehook
     asyncio_filters = list(logging.getLogger("asyncio").filters)
+    aborted = list(terminal._ABORTED_READS)
     sys.unraisablehook = sys.__unraisablehook__
     terminal.setup()
     yield
     warnings.formatwarning, sys.unraisablehook = saved, saved_hook
     logging.getLogger("asyncio").filters[:] = asyncio_filters
+    terminal._ABORTED_READS[:] = aborted
 
 
 def test_warnings_print_as_one_line(terminal_set_up):
@@ -245,6 +251,53 @@ def test_leftovers_of_an_aborted_read_go_to_the_debug_log(terminal_set_up, caplo
     assert any("Encountered error while reading array" in m for m in debug)
     shown = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert shown == ["Task exception was never retrieved: mine"]
+
+
+class FailingOpen:
+    """An awaitable, not a coroutine, that fails like TensorStore opening an array of a damaged
+    checkpoint (``asyncio.gather`` wraps it in a task whose traceback names no orbax code)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __await__(self):
+        raise ValueError(self.message)
+        yield  # a generator: awaitable
+
+
+def leave_a_gathered_failure(message: str) -> None:
+    """Leaves a gather of ``FailingOpen(message)`` that nobody awaits, as a read given up on
+    leaves its other arrays' opens: collected, it logs "exception was never retrieved" with the
+    traceback through asyncio's ``_wrap_awaitable``."""
+
+    async def abandon():
+        asyncio.gather(FailingOpen(message))
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(abandon())
+    loop.close()
+    gc.collect()
+
+
+def test_an_abandoned_checkpoints_other_reads_go_to_the_debug_log(terminal_set_up, caplog,
+                                                                   tmp_path):
+    where = tmp_path / "damaged" / "checkpoints" / "selected" / "4"
+    message = f'DATA_LOSS: Error reading "a/.zarray" in OCDBT database at local file "{where}/params/"'
+    with caplog.at_level(logging.DEBUG):
+        leave_a_gathered_failure(message)  # before any read was given up on: shown
+        shown = [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
+        assert len(shown) == 1 and "never retrieved" in shown[0].getMessage()
+        assert "_wrap_awaitable" in "".join(traceback.format_exception(*shown[0].exc_info))
+        checkpoint_reads._damaged(ValueError(message), epath.Path(where), ["params"])
+        leave_a_gathered_failure(message)
+        leave_a_gathered_failure(message.replace(str(where), str(tmp_path / "other")))
+    # After it, the errors naming that checkpoint are quiet; another checkpoint's are not.
+    shown = [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
+    assert [str(tmp_path / "other") in str(r.exc_info[1]) for r in shown] == [False, True]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert sum("ignored after an aborted checkpoint read" in m for m in debug) == 1, debug
 
 
 def test_backend_search_is_quiet_unless_debugging():

@@ -2,7 +2,7 @@
 
 ``setup()``, called once by each command (``trip_jax.main``, ``cli.run``), makes every warning
 one ``warning: ...`` line and sends the tracebacks an abandoned orbax checkpoint read leaves
-(unraisable exceptions, asyncio errors) to the log at debug level. Details: docs/reference.md.
+(unraisable exceptions, asyncio errors; ``note_aborted_read``) to the log at debug level.
 """
 
 from __future__ import annotations
@@ -30,8 +30,24 @@ def format_warning(message: Warning | str, category: type[Warning], filename: st
 # Orbax's files (a path segment) and the names of its functions that read a checkpoint.
 _ORBAX_DIR = f"{os.sep}orbax{os.sep}"
 _READING = re.compile(r"read|deserializ|restore", re.IGNORECASE)
+# Checkpoint directories whose read was given up (``note_aborted_read``).
+_ABORTED_READS: list[str] = []
 # The functions below run while the interpreter shuts down, when module globals may already be
 # None: what they use is bound as default arguments.
+
+
+def note_aborted_read(directory: str | os.PathLike) -> None:
+    """Records that reading the checkpoint at ``directory`` was given up on: the reads of its
+    other arrays may fail after that, and their errors, which name the directory (TensorStore's
+    messages) but no orbax function, are leftovers too."""
+    for form in (os.fspath(directory), os.path.abspath(directory)):
+        if form not in _ABORTED_READS:
+            _ABORTED_READS.append(form)
+
+
+def _names_aborted_read(text: str, aborted: list[str] = _ABORTED_READS) -> bool:
+    """Whether ``text`` names a checkpoint directory ``note_aborted_read`` recorded."""
+    return any(directory in text for directory in aborted)
 
 
 def _in_orbax_read(code, orbax_dir: str = _ORBAX_DIR, reading: re.Pattern = _READING) -> bool:
@@ -54,27 +70,33 @@ def _raised_in_orbax_read(err: BaseException | None, in_read=_in_orbax_read) -> 
 
 
 def _is_aborted_read_leftover(unraisable, in_read=_in_orbax_read,
-                              raised_in_read=_raised_in_orbax_read) -> bool:
+                              raised_in_read=_raised_in_orbax_read,
+                              names_aborted=_names_aborted_read) -> bool:
     """An unraisable exception left by a checkpoint read that orbax gave up on (TensorStore's
     reads still under way, one per array): a callback arriving after its asyncio loop was
     closed, or an unfinished read coroutine failing as it is finalized (at the latest, as the
-    interpreter shuts down)."""
+    interpreter shuts down), or an error naming the abandoned checkpoint."""
     if (unraisable.exc_type is RuntimeError
             and str(unraisable.exc_value) == "Event loop is closed"):
         return True
     code = getattr(unraisable.object, "cr_code", None)  # a coroutine's code
-    return (code is not None and in_read(code)) or raised_in_read(unraisable.exc_value)
+    return ((code is not None and in_read(code)) or raised_in_read(unraisable.exc_value)
+            or names_aborted(str(unraisable.exc_value)))
 
 
 def _is_aborted_read_record(record: logging.LogRecord, orbax_dir: str = _ORBAX_DIR,
                             reading: re.Pattern = _READING,
-                            raised_in_read=_raised_in_orbax_read) -> bool:
+                            raised_in_read=_raised_in_orbax_read,
+                            names_aborted=_names_aborted_read) -> bool:
     """An asyncio log record about the same leftovers: a read task destroyed while pending,
-    or a read's exception never retrieved."""
-    if record.exc_info and raised_in_read(record.exc_info[1]):
+    or a read's exception never retrieved (one of orbax's reads, or TensorStore's own task
+    that ``asyncio.gather`` wrapped, whose error names the abandoned checkpoint)."""
+    if record.exc_info and (raised_in_read(record.exc_info[1])
+                            or names_aborted(str(record.exc_info[1]))):
         return True
     message = str(record.msg)
-    return orbax_dir in message and reading.search(message) is not None
+    return (orbax_dir in message and reading.search(message) is not None) or names_aborted(
+        message)
 
 
 def _quiet_unraisable_hook(default_hook: Callable[[Any], None]) -> Callable[[Any], None]:

@@ -15,6 +15,7 @@ from absl import logging
 from etils import epath
 from flax import traverse_util
 
+from trip_jax.runtime import terminal
 from trip_jax.training import checksums
 
 CHECKSUMS = "checksums"  # the key of meta that holds the checksums
@@ -66,6 +67,7 @@ def _damaged(err: Exception, where: epath.Path, items) -> DamagedCheckpointError
     """The one-line error for ``items`` of the checkpoint at ``where`` that ``err`` kept from
     being read; the full cause goes to the log at debug level."""
     logging.debug("reading %s (%s) failed", where, ", ".join(items), exc_info=err)
+    terminal.note_aborted_read(where)  # the reads of its other arrays may still fail
     return DamagedCheckpointError(
         f"checkpoint {where} is damaged or unreadable: could not restore its "
         f"{unreadable_part(err, where, items)} (the cause is logged at debug level, "
