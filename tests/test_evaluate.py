@@ -24,6 +24,7 @@ from trip_jax.training import checkpoints
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BEST = "selected-4"  # the tiny run's selected checkpoint: its only selection, step 4
+NAMED = "Tiny test model"  # --name of the evaluate run
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
@@ -34,8 +35,9 @@ def workdir(trained_workdir):
 
 @pytest.fixture(scope="module")
 def evaluated(workdir, run_main):
-    """``--mode=evaluate`` through the real main (absl flags), on test: (eval dir, stderr)."""
-    result = run_main(f"--workdir={workdir}", "--mode=evaluate")
+    """``--mode=evaluate --name=NAMED`` through the real main (absl flags), on test: (eval dir,
+    stderr)."""
+    result = run_main(f"--workdir={workdir}", "--mode=evaluate", f"--name={NAMED}")
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir / "eval", result.stderr
 
@@ -81,10 +83,15 @@ def test_evaluate_mode_writes_every_report(evaluated, workdir, tiny_config):
 
     markdown = (evaluated / f"test.{BEST}.md").read_text()
     assert "| Model | Accuracy (%) | Consistency (%) | Verifiability (%) |" in markdown
+    # --name names the model in every report; without it (training's), read off the config.
+    page = (evaluated / f"test.{BEST}.html").read_text()
+    assert report["model"] == NAMED and f"- model: {NAMED}" in markdown and NAMED in page
+    assert "| random baseline (10 seeds) |" in markdown and f"| {NAMED} |" in markdown
     config = tiny_config()
-    name = f"random bert ({config.recipe}, seed {config.train.seed})"  # read off the config
-    assert report["model"] == name and f"- model: {name}" in markdown
-    assert "| random baseline (10 seeds) |" in markdown and f"| {name} |" in markdown
+    name = f"random bert ({config.recipe}, seed {config.train.seed})"
+    trained = (workdir / "reports" / "test.md").read_text()
+    assert json.loads((workdir / "reports" / "test.json").read_text())["model"] == name
+    assert f"- model: {name}" in trained and f"| {name} |" in trained
     assert "## Curated and implicit pairs (HAR's marker)" in markdown
     for plot in (f"test.{BEST}.failure_modes.png", f"test.{BEST}.attributes.png"):
         data = (evaluated / plot).read_bytes()
@@ -270,15 +277,3 @@ def test_a_local_encoder_directory_is_named_by_its_folder(tmp_path, tiny_config)
         assert model_names.model_name(config) == "my model"
     with model_names.named(None):
         assert model_names.model_name(config) == "tiny_bert (tuned, seed 38)"
-
-
-def test_name_flag_names_the_model_in_the_reports(workdir, run_main, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("eval", "reports"))
-    result = run_main(f"--workdir={copy}", "--mode=evaluate", "--name=Tiny test model")
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((copy / "eval" / f"test.{BEST}.json").read_text())
-    markdown = (copy / "eval" / f"test.{BEST}.md").read_text()
-    page = (copy / "eval" / f"test.{BEST}.html").read_text()
-    assert report["model"] == "Tiny test model"
-    assert "| Tiny test model |" in markdown and "Tiny test model" in page
