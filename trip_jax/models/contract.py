@@ -36,11 +36,11 @@ class Encoder(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-    """What a family's encoder supports: packed rows (``segment_ids``), the ``mask_bias``
-    keyword (transformers 4.11's additive mask, ``padding_row_attention='legacy'``),
-    rematerialised layers, an unrolled layer scan, token types."""
+    """What a family's encoder supports beyond the contract (which packed rows are part of):
+    the ``mask_bias`` keyword (transformers 4.11's additive mask,
+    ``padding_row_attention='legacy'``), rematerialised layers, an unrolled layer scan, token
+    types."""
 
-    packed_rows: bool = True
     mask_bias: bool = False
     remat: bool = True
     unroll: bool = True
