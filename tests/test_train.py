@@ -24,7 +24,7 @@ from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate
 from trip_jax.models import builders, param_names
-from trip_jax.runtime import jax_setup, sharding
+from trip_jax.runtime import sharding
 from trip_jax.training import checkpoint_reads, checkpoints, optimizers
 from trip_jax.training import step as training_step
 from trip_jax.training.state import create_train_state, init_params_from
@@ -316,7 +316,7 @@ def test_dense_layout_scores_a_checkpoint_like_packed_tokens(tiny_config, full_r
     np.testing.assert_allclose(two["loss/total"], one["loss/total"], rtol=1e-5)
 
 
-def test_speed_options_train(tiny_config, tmp_path):
+def test_speed_options_train(tiny_config, tmp_path, monkeypatch):
     config = tiny_config()
     config.train.num_epochs = 1
     config.data.layout, config.data.seq_len = "dense", 32
@@ -327,11 +327,13 @@ def test_speed_options_train(tiny_config, tmp_path):
     batch = next(input_pipeline.batch_stream(data.train, data.layout, 2, shuffle=True,
                                              seed=config.train.seed, epoch=0))
     assert batch["input_ids"].shape[1] == 32
-    jax_setup.set_prng_impl("rbg")
-    try:
-        result = train.train_and_evaluate(config, str(tmp_path))
-    finally:
-        jax_setup.set_prng_impl("threefry2x32")
+    # The run draws with the config's PRNG, whatever the process's; the process's comes back.
+    seen, run = [], train._train_and_evaluate
+    monkeypatch.setattr(train, "_train_and_evaluate", lambda *args: seen.append(
+        jax.config.jax_default_prng_impl) or run(*args))
+    assert jax.config.jax_default_prng_impl == "threefry2x32"
+    result = train.train_and_evaluate(config, str(tmp_path))
+    assert seen == ["rbg"] and jax.config.jax_default_prng_impl == "threefry2x32"
     log = read_log(tmp_path)
     assert [r["step"] for r in log if r["split"] == "train"] == [2, 4]
     assert all(np.isfinite(r["loss/total"]) for r in log if r["split"] == "train")

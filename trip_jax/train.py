@@ -24,7 +24,7 @@ from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate
 from trip_jax.models import builders
-from trip_jax.runtime import sharding, workdir_lock
+from trip_jax.runtime import jax_setup, sharding, workdir_lock
 from trip_jax.training import checkpoints, selection
 from trip_jax.data.input_pipeline import RunData
 from trip_jax.training.metric_log import MetricLog
@@ -108,10 +108,11 @@ def train_and_evaluate(config: Config | Any, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) in ``workdir``, then scores the best checkpoints on test; ``config``
     is the typed config, or a ConfigDict it is built from (``trip_jax.config.typed``).
 
-    Returns the test metrics of the selected checkpoint. The run holds the workdir's
-    lock (``trip_jax.runtime.workdir_lock``) from before it writes anything: WorkdirLocked, with the
-    workdir untouched, when another run holds it. A workdir this call created and left empty (a
-    run that stopped before it wrote anything) is removed.
+    Returns the test metrics of the selected checkpoint. The run draws its keys with
+    ``config.train.prng_impl`` (the process's setting comes back afterwards). It holds the
+    workdir's lock (``trip_jax.runtime.workdir_lock``) from before it writes anything:
+    WorkdirLocked, with the workdir untouched, when another run holds it. A workdir this call
+    created and left empty (a run that stopped before it wrote anything) is removed.
     """
     started = time.time()
     config = typed(config)
@@ -123,7 +124,8 @@ def train_and_evaluate(config: Config | Any, workdir: str) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     lock = workdir_lock.acquire_for_run(workdir)
     try:
-        return _train_and_evaluate(config, workdir, started)
+        with jax_setup.prng_impl(config.train.prng_impl):
+            return _train_and_evaluate(config, workdir, started)
     finally:
         if lock is not None:
             # Nothing but the lock in a workdir this call made: the run stopped before it began.

@@ -5,8 +5,10 @@ about backends it looked for and did not find out of the default output."""
 
 from __future__ import annotations
 
+import contextlib
 import logging as std_logging
 import os
+from collections.abc import Iterator
 
 import jax
 from absl import logging
@@ -29,6 +31,18 @@ def set_prng_impl(name: str) -> None:
     """Makes ``name`` (train.prng_impl: "threefry2x32", JAX's default, or "rbg", which draws
     dropout masks faster but other ones) the implementation of every new ``jax.random.key``."""
     jax.config.update("jax_default_prng_impl", name)
+
+
+@contextlib.contextmanager
+def prng_impl(name: str) -> Iterator[None]:
+    """``set_prng_impl(name)`` for the block only: the implementation set before comes back
+    after it, also on an error."""
+    previous = jax.config.jax_default_prng_impl
+    set_prng_impl(name)
+    try:
+        yield
+    finally:
+        set_prng_impl(previous)
 
 
 def enable_compilation_cache(directory: str) -> str:
