@@ -284,7 +284,8 @@ def leave_a_gathered_failure(message: str) -> None:
 def test_an_abandoned_checkpoints_other_reads_go_to_the_debug_log(terminal_set_up, caplog,
                                                                    tmp_path):
     where = tmp_path / "damaged" / "checkpoints" / "selected" / "4"
-    message = f'DATA_LOSS: Error reading "a/.zarray" in OCDBT database at local file "{where}/params/"'
+    message = (f'DATA_LOSS: Error reading "a/.zarray" in OCDBT database at local file '
+               f'"{where}/params/"')
     with caplog.at_level(logging.DEBUG):
         leave_a_gathered_failure(message)  # before any read was given up on: shown
         shown = [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]

@@ -69,9 +69,14 @@ def _raised_in_orbax_read(err: BaseException | None, in_read=_in_orbax_read) -> 
     return False
 
 
+def _from_aborted_read(err: BaseException | None, raised_in_read=_raised_in_orbax_read,
+                       names_aborted=_names_aborted_read) -> bool:
+    """Whether ``err`` went through an orbax read or names a checkpoint given up on."""
+    return raised_in_read(err) or names_aborted(str(err))
+
+
 def _is_aborted_read_leftover(unraisable, in_read=_in_orbax_read,
-                              raised_in_read=_raised_in_orbax_read,
-                              names_aborted=_names_aborted_read) -> bool:
+                              from_aborted_read=_from_aborted_read) -> bool:
     """An unraisable exception left by a checkpoint read that orbax gave up on (TensorStore's
     reads still under way, one per array): a callback arriving after its asyncio loop was
     closed, or an unfinished read coroutine failing as it is finalized (at the latest, as the
@@ -80,19 +85,17 @@ def _is_aborted_read_leftover(unraisable, in_read=_in_orbax_read,
             and str(unraisable.exc_value) == "Event loop is closed"):
         return True
     code = getattr(unraisable.object, "cr_code", None)  # a coroutine's code
-    return ((code is not None and in_read(code)) or raised_in_read(unraisable.exc_value)
-            or names_aborted(str(unraisable.exc_value)))
+    return (code is not None and in_read(code)) or from_aborted_read(unraisable.exc_value)
 
 
 def _is_aborted_read_record(record: logging.LogRecord, orbax_dir: str = _ORBAX_DIR,
                             reading: re.Pattern = _READING,
-                            raised_in_read=_raised_in_orbax_read,
+                            from_aborted_read=_from_aborted_read,
                             names_aborted=_names_aborted_read) -> bool:
     """An asyncio log record about the same leftovers: a read task destroyed while pending,
     or a read's exception never retrieved (one of orbax's reads, or TensorStore's own task
     that ``asyncio.gather`` wrapped, whose error names the abandoned checkpoint)."""
-    if record.exc_info and (raised_in_read(record.exc_info[1])
-                            or names_aborted(str(record.exc_info[1]))):
+    if record.exc_info and from_aborted_read(record.exc_info[1]):
         return True
     message = str(record.msg)
     return (orbax_dir in message and reading.search(message) is not None) or names_aborted(
