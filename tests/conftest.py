@@ -45,9 +45,10 @@ def _keep_default_prng_impl():
     """Restores JAX's default PRNG after each test: a command run in this process (e.g.
     benchmarks.unroll_encoder, which sets rbg) must not change the dropout masks of later
     tests' runs (test_faults' resume once came out 1e-4 off ``trained_workdir`` that way)."""
-    impl = jax.config.jax_default_prng_impl
-    yield
-    jax.config.update("jax_default_prng_impl", impl)
+    from trip_jax.runtime import jax_setup
+
+    with jax_setup.prng_impl(jax.config.jax_default_prng_impl):
+        yield
 
 
 def _data_dir() -> str:
