@@ -185,7 +185,7 @@ def probe(*argv: str, env: dict[str, str] | None = None) -> tuple[int, list[str]
 
 
 @pytest.mark.parametrize("case", ["missing config", "misspelt key", "bad value", "help",
-                                  "missing data"])
+                                  "missing data", "untrained workdir"])
 def test_a_mistake_in_main_imports_nothing_heavy(case, tmp_path):
     workdir = tmp_path / "run"
     main = ["trip_jax.main", f"--workdir={workdir}"]
@@ -197,6 +197,8 @@ def test_a_mistake_in_main_imports_nothing_heavy(case, tmp_path):
         "help": (["trip_jax.main", "--help"], 0, None),
         "missing data": ([*tiny, f"--config.data.data_dir={tmp_path / 'no_data'}"], 1,
                          "no_data: no such directory"),
+        "untrained workdir": ([*tiny, "--mode=predict", "--input=pairs.jsonl"], 1,
+                              f"no checkpoint 'selected' in {workdir / 'checkpoints'}"),
     }[case]
     code, loaded, lines = probe(*argv)
     assert code == status, lines

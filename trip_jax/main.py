@@ -89,7 +89,8 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
 TRAINING_MODES = ("train", "cross_validate")
 # The modes that read the data directory of the config (evaluate reads its checkpoint's first).
 DATA_MODES = ("train", "cross_validate", "random_baseline")
-# The modes that read --members (an ensemble of trained workdirs).
+# The modes that read --members (an ensemble of trained workdirs), and a checkpoint of each
+# (else of --workdir).
 ENSEMBLE_MODES = ("evaluate", "predict")
 
 
@@ -253,6 +254,11 @@ def main(argv) -> None:
             readers.find_split_files(readers.default_data_dir(config.data.data_dir))
         except readers.TripDataError as err:
             print(f"error: {err}", file=sys.stderr)
+            sys.exit(1)
+    if FLAGS.mode in ENSEMBLE_MODES:  # an untrained workdir: one line before anything is imported
+        missing = checkpoints.untrained(FLAGS.members or [FLAGS.workdir], FLAGS.checkpoint)
+        if missing:
+            print(f"error: {missing}", file=sys.stderr)
             sys.exit(1)
     import jax
     from trip_jax.runtime import distributed, jax_setup

@@ -28,7 +28,8 @@ from trip_jax.config.messages import ConfigError
 from trip_jax.config.sections import Config, MeshConfig
 from trip_jax.config.typed import as_dict, typed
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
-from trip_jax.training.checkpoint_names import BEST_ACCURACY, CONFIG_FILE, KINDS, LATEST, SELECTED
+from trip_jax.training.checkpoint_names import (BEST_ACCURACY, CONFIG_FILE, KINDS, LATEST,
+                                                SELECTED, no_checkpoint)
 
 RANKING: dict[str, tuple[str, ...]] = {
     # The selected checkpoint: the best selection score (trip_jax/training/selection.py),
@@ -342,9 +343,7 @@ def _find_step(workdir: str, which: str | int) -> tuple[str, int]:
         if (wanted is None and steps) or wanted in steps:
             return kind, max(steps) if wanted is None else wanted
     listing = "; ".join(f"{k}: {sorted(s) or 'none'}" for k, s in found.items()) or "none"
-    raise CheckpointError(f"no checkpoint {which!r} in {epath.Path(workdir) / 'checkpoints'} "
-                          f"(found {listing}); train first with "
-                          f"`python -m trip_jax.main --config=... --workdir={workdir}`")
+    raise CheckpointError(no_checkpoint(workdir, which, listing))
 
 
 def _eval_mesh(fsdp: int) -> jax.sharding.Mesh:
