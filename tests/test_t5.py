@@ -121,6 +121,7 @@ def test_the_family_declares_no_token_types_and_a_tokenizer_without_cls():
 def test_the_tiered_model_trains_end_to_end_at_tiny_size(tiny_config, tmp_path):
     config = tiny_config()
     config.train.num_epochs = 1
+    config.data.protocol = "dev_all"  # no selection split: one eval step to compile, not two
     config.model.random_encoder.model_type = "t5"
     config.model.tokenizer = "word_level:t5"
     train.train_and_evaluate(config, str(tmp_path))
