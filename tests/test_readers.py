@@ -64,6 +64,25 @@ def test_cgli_short_states_are_padded_and_reported_once(fx, tmp_path):
     assert (states[1, :2, :, MOVEABLE] == 2).all()
 
 
+def test_a_file_read_again_is_parsed_once_and_reported_each_time(fx, tmp_path, monkeypatch):
+    records = fx.cgli_records()
+    records[0]["states"] = [track[:2] for track in records[0]["states"]]
+    path = fx.write_jsonl(tmp_path / "test.cgli.jsonl", records)
+    with pytest.warns(TripDataWarning, match="1 stories"):
+        first = readers.read_pairs(path)
+    parsed = []
+    monkeypatch.setattr(readers, "_read_cgli", lambda *args: parsed.append(args) or [])
+    with pytest.warns(TripDataWarning, match="1 stories"):  # the repair is reported again
+        again = readers.read_pairs(path)
+    assert parsed == [] and again == first and again is not first
+    with pytest.raises(ValueError, match="read-only"):  # no reader can change another's pairs
+        again[0].stories[0].states[0, 0, 0, 0] = 1
+    # The same path with other content (same size, within the same clock tick) is read anew.
+    records[1]["para_id"] = records[1]["para_id"][:-1] + "X"
+    fx.write_jsonl(path, records)
+    assert readers.read_pairs(path) == [] and len(parsed) == 1
+
+
 @pytest.mark.parametrize("line, mutate, field, problem", [
     (1, lambda r: r.pop("states"), "states", "missing"),
     (2, lambda r: r.pop("sentence_texts"), "sentence_texts", "missing"),

@@ -7,6 +7,8 @@ source split; ``marker_split(records, curated)`` gives the tiers of each half, a
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,25 +45,38 @@ def pair_key(pair: StoryPair) -> PairKey:
     return tuple(pair.stories[0].sentences), tuple(pair.stories[1].sentences)
 
 
-def read_marker(path: str) -> set[PairKey]:
+def read_marker(path: str) -> frozenset[PairKey]:
     """The content keys of a marker file's pairs (HAR JSON Lines: ``stories``, two, each with
-    ``sentences``). Raises TripDataError naming the file and line when one is unreadable."""
+    ``sentences``), parsed once per content in a process. Raises TripDataError naming the file
+    and line when one is unreadable."""
+    with open(path, "rb") as f:
+        data = f.read()
+    key = (path, hashlib.sha256(data).hexdigest())
+    if key not in _MARKERS:
+        _MARKERS[key] = _parse_marker(path, data.decode("utf-8"))
+    return _MARKERS[key]
+
+
+# The keys of each marker file read in this process, by (path, content digest).
+_MARKERS: dict[tuple[str, str], frozenset[PairKey]] = {}
+
+
+def _parse_marker(path: str, text: str) -> frozenset[PairKey]:
     keys = set()
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                stories = json.loads(line)["stories"]
-                key = tuple(tuple(str(s) for s in story["sentences"]) for story in stories)
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise TripDataError(f"{path}: line {line_no}: not a HAR pair with two stories' "
-                                    f"sentences ({type(err).__name__}: {err})") from None
-            if len(key) != 2:
-                raise TripDataError(f"{path}: line {line_no}: field 'stories': expected two "
-                                    f"stories, got {len(key)}")
-            keys.add(key)
-    return keys
+    for line_no, line in enumerate(io.StringIO(text, newline=None), 1):  # as open() reads it
+        if not line.strip():
+            continue
+        try:
+            stories = json.loads(line)["stories"]
+            key = tuple(tuple(str(s) for s in story["sentences"]) for story in stories)
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise TripDataError(f"{path}: line {line_no}: not a HAR pair with two stories' "
+                                f"sentences ({type(err).__name__}: {err})") from None
+        if len(key) != 2:
+            raise TripDataError(f"{path}: line {line_no}: field 'stories': expected two "
+                                f"stories, got {len(key)}")
+        keys.add(key)
+    return frozenset(keys)
 
 
 def curated_ids(pairs: Sequence[StoryPair], data_dir: str, split: str

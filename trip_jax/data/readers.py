@@ -7,6 +7,7 @@ padded and reported in one ``TripDataWarning`` per file. Details: docs/reference
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -291,15 +292,29 @@ def read_pairs(path: str, format: str | None = None, split: str | None = None) -
     format = format or detect_format(path)
     if format not in FORMATS:
         raise TripDataError(f"{path}: unknown format {format!r}; expected one of {FORMATS}")
-    report = Report(path)
-    if format == "cgli":
-        pairs = _read_cgli(path, report)
-    elif format == "har":
-        pairs = _read_har(path, report)
-    else:
-        pairs = _read_release(path, split, report)
+    with open(path, "rb") as f:
+        key = (path, format, split, hashlib.sha256(f.read()).hexdigest())
+    if key not in _PARSED:
+        report = Report(path)
+        if format == "cgli":
+            pairs = _read_cgli(path, report)
+        elif format == "har":
+            pairs = _read_har(path, report)
+        else:
+            pairs = _read_release(path, split, report)
+        for pair in pairs:
+            for story in pair.stories:
+                story.states.setflags(write=False)  # shared by every later read of the file
+        _PARSED[key] = (tuple(pairs), report)
+    pairs, report = _PARSED[key]
     report.emit()
-    return pairs
+    return list(pairs)
+
+
+# The pairs of each file this process has read, by (path, format, split, content digest): a
+# file read again (each fold of a cross-validation, each evaluation) is parsed once, and its
+# repairs are reported at every read.
+_PARSED: dict[tuple[str, str, str | None, str], tuple[tuple[StoryPair, ...], Report]] = {}
 
 
 def default_data_dir(data_dir: str | None = None) -> str:
