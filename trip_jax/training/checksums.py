@@ -61,8 +61,8 @@ def _tree_sums(leaves: list[jax.Array]) -> list[jax.Array]:
 _JITTED: dict[Any, Any] = {}
 
 
-def _jitted(function: Any, leaves: list[Any]):
-    """``function`` jitted to give its sums replicated over the leaves' mesh (readable on
+def _jitted(leaves: list[Any]):
+    """``_tree_sums`` jitted to give its sums replicated over the leaves' mesh (readable on
     every process of a multi-process run)."""
     replicated = None
     for leaf in leaves:
@@ -70,20 +70,9 @@ def _jitted(function: Any, leaves: list[Any]):
         if isinstance(sharding, jax.sharding.NamedSharding):
             replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
             break
-    if (function, replicated) not in _JITTED:
-        _JITTED[function, replicated] = jax.jit(function, out_shardings=replicated)
-    return _JITTED[function, replicated]
-
-
-def _leaf_sums(leaves: list[Any]) -> list[jax.Array]:
-    """``_sums`` of each leaf. One process: a small program per leaf shape, dtype and sharding,
-    which later trees reuse (a program over a whole tree is compiled again for each new tree:
-    3.7 s against 0.7 s for the tiny model's parameters and optimizer state). Several processes:
-    one program over the tree (per-leaf programs left a 2-process run waiting forever)."""
-    if jax.process_count() > 1:
-        return _jitted(_tree_sums, leaves)(leaves)
-    sums = _jitted(_sums, leaves)
-    return [sums(leaf) for leaf in leaves]
+    if replicated not in _JITTED:
+        _JITTED[replicated] = jax.jit(_tree_sums, out_shardings=replicated)
+    return _JITTED[replicated]
 
 
 def _describe(x: Any) -> str:
@@ -95,7 +84,7 @@ def tree_checksums(tree: Any) -> dict[str, str]:
     leaves may be jax arrays (any sharding) or numpy arrays."""
     flat = jax.tree_util.tree_leaves_with_path(tree)
     leaves = [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in flat]
-    sums = jax.device_get(_leaf_sums(leaves))
+    sums = jax.device_get(_jitted(leaves)(leaves))
     return {jax.tree_util.keystr(path): f"{_describe(leaf)}:{int(s[0]):08x}{int(s[1]):08x}"
             for (path, leaf), s in zip(flat, sums, strict=True)}
 
