@@ -7,14 +7,12 @@ source split; ``marker_split(records, curated)`` gives the tiers of each half, a
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trip_jax.data.readers import TripDataError
+from trip_jax.data.readers import TripDataError, parsed_once
 from trip_jax.data.types import StoryPair
 
 MARKER_FILE = "{split}_curated.har.jsonl"
@@ -47,35 +45,27 @@ def pair_key(pair: StoryPair) -> PairKey:
 
 def read_marker(path: str) -> frozenset[PairKey]:
     """The content keys of a marker file's pairs (HAR JSON Lines: ``stories``, two, each with
-    ``sentences``), parsed once per content in a process. Raises TripDataError naming the file
-    and line when one is unreadable."""
-    with open(path, "rb") as f:
-        data = f.read()
-    key = (path, hashlib.sha256(data).hexdigest())
-    if key not in _MARKERS:
-        _MARKERS[key] = _parse_marker(path, data.decode("utf-8"))
-    return _MARKERS[key]
+    ``sentences``), parsed once per content in a process (``readers.parsed_once``). Raises
+    TripDataError naming the file and line when one is unreadable."""
+    return parsed_once(path, lambda: _parse_marker(path), "marker")
 
 
-# The keys of each marker file read in this process, by (path, content digest).
-_MARKERS: dict[tuple[str, str], frozenset[PairKey]] = {}
-
-
-def _parse_marker(path: str, text: str) -> frozenset[PairKey]:
+def _parse_marker(path: str) -> frozenset[PairKey]:
     keys = set()
-    for line_no, line in enumerate(io.StringIO(text, newline=None), 1):  # as open() reads it
-        if not line.strip():
-            continue
-        try:
-            stories = json.loads(line)["stories"]
-            key = tuple(tuple(str(s) for s in story["sentences"]) for story in stories)
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise TripDataError(f"{path}: line {line_no}: not a HAR pair with two stories' "
-                                f"sentences ({type(err).__name__}: {err})") from None
-        if len(key) != 2:
-            raise TripDataError(f"{path}: line {line_no}: field 'stories': expected two "
-                                f"stories, got {len(key)}")
-        keys.add(key)
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                stories = json.loads(line)["stories"]
+                key = tuple(tuple(str(s) for s in story["sentences"]) for story in stories)
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise TripDataError(f"{path}: line {line_no}: not a HAR pair with two stories' "
+                                    f"sentences ({type(err).__name__}: {err})") from None
+            if len(key) != 2:
+                raise TripDataError(f"{path}: line {line_no}: field 'stories': expected two "
+                                    f"stories, got {len(key)}")
+            keys.add(key)
     return frozenset(keys)
 
 

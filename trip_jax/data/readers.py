@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from trip_jax.data.record_checks import (
     pair_list, Report, required, strings, TripDataError)
 from trip_jax.data.types import Story, StoryPair, empty_states
 
+T = TypeVar("T")
 FORMATS: tuple[str, ...] = ("cgli", "har", "release")
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 RELEASE_FILENAME = "www_2s_new.json"
@@ -292,9 +294,8 @@ def read_pairs(path: str, format: str | None = None, split: str | None = None) -
     format = format or detect_format(path)
     if format not in FORMATS:
         raise TripDataError(f"{path}: unknown format {format!r}; expected one of {FORMATS}")
-    with open(path, "rb") as f:
-        key = (path, format, split, hashlib.sha256(f.read()).hexdigest())
-    if key not in _PARSED:
+
+    def parse() -> tuple[tuple[StoryPair, ...], Report]:
         report = Report(path)
         if format == "cgli":
             pairs = _read_cgli(path, report)
@@ -305,16 +306,26 @@ def read_pairs(path: str, format: str | None = None, split: str | None = None) -
         for pair in pairs:
             for story in pair.stories:
                 story.states.setflags(write=False)  # shared by every later read of the file
-        _PARSED[key] = (tuple(pairs), report)
-    pairs, report = _PARSED[key]
-    report.emit()
+        return tuple(pairs), report
+
+    pairs, report = parsed_once(path, parse, format, split)
+    report.emit()  # the repairs are reported at every read
     return list(pairs)
 
 
-# The pairs of each file this process has read, by (path, format, split, content digest): a
-# file read again (each fold of a cross-validation, each evaluation) is parsed once, and its
-# repairs are reported at every read.
-_PARSED: dict[tuple[str, str, str | None, str], tuple[tuple[StoryPair, ...], Report]] = {}
+# What ``parsed_once`` parsed in this process, by (path, content digest, key).
+_PARSED: dict[tuple[Any, ...], Any] = {}
+
+
+def parsed_once(path: str, parse: Callable[[], T], *key: Any) -> T:
+    """``parse()`` of the file at ``path``, run once per content (and ``key``) in a process: a
+    file read again (each fold of a cross-validation, each evaluation) gets the first result;
+    a rewritten file is parsed anew."""
+    with open(path, "rb") as f:
+        entry = (path, hashlib.sha256(f.read()).hexdigest(), *key)
+    if entry not in _PARSED:
+        _PARSED[entry] = parse()
+    return _PARSED[entry]
 
 
 def default_data_dir(data_dir: str | None = None) -> str:

@@ -28,8 +28,8 @@ from trip_jax.config.messages import ConfigError
 from trip_jax.config.sections import Config, MeshConfig
 from trip_jax.config.typed import as_dict, typed
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
-from trip_jax.training.checkpoint_names import (BEST_ACCURACY, CONFIG_FILE, KINDS, LATEST,
-                                                SELECTED, no_checkpoint)
+from trip_jax.training.checkpoint_names import (BEST_ACCURACY, CHECKPOINTS_DIR, CONFIG_FILE,
+                                                KINDS, LATEST, SELECTED, no_checkpoint)
 
 RANKING: dict[str, tuple[str, ...]] = {
     # The selected checkpoint: the best selection score (trip_jax/training/selection.py),
@@ -126,7 +126,7 @@ def resolve_name(which: str | int) -> str | int:
 def kind_directory(workdir: str, kind: str) -> epath.Path:
     """``WORKDIR/checkpoints/KIND``; CheckpointError where the selected checkpoint is only in
     its folder's name before issue 25 (``OLD_SELECTED``), naming the rename that reads it."""
-    root = epath.Path(workdir) / "checkpoints"
+    root = epath.Path(workdir) / CHECKPOINTS_DIR
     if kind == SELECTED and not (root / kind).is_dir() and (root / OLD_SELECTED).is_dir():
         raise CheckpointError(f"{root / OLD_SELECTED} is the selected checkpoint of a workdir "
                               f"older than this trip_jax reads; rename it {root / SELECTED}")
