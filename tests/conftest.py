@@ -1,5 +1,6 @@
 """Shared fixtures: the TRIP data directory, the compilation cache, the tiny config, layouts, a
-trained tiny run, and the helper modules of the tests (small TRIP files, the multi-process harness).
+trained tiny run, the environment of the main install for subprocesses, and the helper modules of
+the tests (small TRIP files, the multi-process harness).
 
 Test modules get all of these as fixtures; none imports another test module.
 """
@@ -167,15 +168,30 @@ def trained_workdir(tmp_path_factory, tiny_config, compilation_cache) -> pathlib
 
 
 @pytest.fixture(scope="session")
-def run_main(data_dir, compilation_cache_dir) -> Callable[..., subprocess.CompletedProcess]:
+def main_install() -> Callable[[dict[str, str]], dict[str, str]]:
+    """``main_install(env)``: ``env`` with ``tests/main_install`` first on PYTHONPATH, for a
+    subprocess that runs a command of the main job as the main install has it: without torch,
+    which only the tests need (transformers would import it at every start: about 2 s)."""
+
+    def environment(env: dict[str, str]) -> dict[str, str]:
+        paths = [str(REPO / "tests" / "main_install"), env.get("PYTHONPATH", "")]
+        return {**env, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+
+    return environment
+
+
+@pytest.fixture(scope="session")
+def run_main(data_dir, compilation_cache_dir, main_install
+             ) -> Callable[..., subprocess.CompletedProcess]:
     """``run_main(*flags, env=None)``: ``python -m trip_jax.main --config=configs/tiny.py`` on the
     shared data (unless ``flags`` set ``--config.data.data_dir``), with the session's
-    compilation cache; ``env`` adds environment variables."""
+    compilation cache, as the main install has it (``main_install``); ``env`` adds environment
+    variables."""
 
     def run(*flags: str, env: dict[str, str] | None = None,
             timeout: int = 300) -> subprocess.CompletedProcess:
-        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir),
-               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **(env or {})}
+        env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir),
+                            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **(env or {})})
         if not any(flag.startswith("--config.data.data_dir=") for flag in flags):
             flags = (f"--config.data.data_dir={data_dir}", *flags)
         command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py", *flags]

@@ -86,12 +86,12 @@ def _child_env(process_id: int, num_processes: int, port: int, devices_per_proce
         "TRIP_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
         "TRIP_NUM_PROCESSES": str(num_processes),
         "TRIP_PROCESS_ID": str(process_id),
-        "PYTHONPATH": os.pathsep.join(
-            [str(REPO_ROOT), str(TESTS_DIR), *pythonpath]
-            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [
+            str(REPO_ROOT), str(TESTS_DIR), *pythonpath, extra_env.get("PYTHONPATH"),
+            env.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
     })
-    env.update({k: v for k, v in extra_env.items() if k != "XLA_FLAGS"})
+    env.update({k: v for k, v in extra_env.items() if k not in ("XLA_FLAGS", "PYTHONPATH")})
     return env
 
 
@@ -126,7 +126,8 @@ def run_processes(target: str, num_processes: int = 2, *, kwargs: dict | None = 
 
     Returns the function's return values (JSON round-tripped) ordered by process id. ``env`` is
     added to each child's environment (after the TRIP_* variables, so it can override them; its
-    XLA_FLAGS replace the parent's, the device count staying ``devices_per_process``);
+    XLA_FLAGS replace the parent's, the device count staying ``devices_per_process``; its
+    PYTHONPATH comes after the harness's folders and ``pythonpath``);
     ``log_dir`` keeps the per-process logs (default: a temporary folder, removed).
     Raises MultiprocessTimeout after ``timeout_s`` seconds, MultiprocessError when a child fails.
     """

@@ -269,7 +269,7 @@ def test_imported_model_equals_the_pickled_models_forward(family, authors_files,
 
 
 def test_convert_then_evaluate_gives_the_pickled_models_predictions(
-        authors_files, pairs, tmp_path, data_dir, compilation_cache_dir):
+        authors_files, pairs, tmp_path, data_dir, compilation_cache_dir, main_install):
     """The commands a user runs: convert (RoBERTa: the tokenizer named by the pickle), then
     ``--mode=evaluate`` with the printed command; each pair's story, conflicting sentences and
     tier outcome equal what the pickled model decodes; ``--mode=predict`` on the same pairs
@@ -283,7 +283,7 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
     command = result.stdout.split("evaluate it with: ", 1)[1].split()
     assert command[:3] == ["python", "-m", "trip_jax.main"]
     assert command[3] == "--config=configs/roberta.py"
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)}
+    env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)})
     evaluated = subprocess.run(
         [sys.executable, *command[1:], f"--config.data.data_dir={data_dir}",
          "--config.data.max_pairs=8", "--config.train.eval_batch_size=4"],

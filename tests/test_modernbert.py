@@ -129,11 +129,11 @@ def test_the_tiered_model_trains_end_to_end_at_tiny_size(tiny_config, tmp_path):
 
 
 def test_configs_modernbert_names_the_large_model_and_stops_in_one_line_when_not_cached(
-        tmp_path, data_dir):
+        tmp_path, data_dir, main_install):
     from configs import modernbert as modernbert_config
     assert modernbert_config.get_config().model.encoder == "answerdotai/ModernBERT-large"
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_empty"), "TRIP_DATA_DIR": data_dir,
-           "PYTHONPATH": str(REPO)}
+    env = main_install({**os.environ, "HF_HOME": str(tmp_path / "hf_empty"),
+                        "TRIP_DATA_DIR": data_dir, "PYTHONPATH": str(REPO)})
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         env.pop(key, None)
     result = subprocess.run([sys.executable, "-m", "trip_jax.main",

@@ -73,13 +73,14 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, multiprocess, data_dir, test_xla_flags):
+def runs(tmp_path_factory, multiprocess, data_dir, test_xla_flags, main_install):
     """Runs 1-3 of the module docstring: (2-process results, 1-process result, fresh restore
     result, 2-process workdir)."""
     root = tmp_path_factory.mktemp("mp_training")
     folders = {name: root / name for name in ("two", "two_out", "one", "one_out", "fresh_out")}
     for name in ("two_out", "one_out", "fresh_out"):
         folders[name].mkdir()
+    env = main_install({"XLA_FLAGS": test_xla_flags})
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         # Run 2 in the background (one process, no coordinator: nothing shared with run 1).
         one_future = pool.submit(
@@ -87,16 +88,16 @@ def runs(tmp_path_factory, multiprocess, data_dir, test_xla_flags):
             devices_per_process=4,
             kwargs=dict(data_dir=data_dir, workdir=str(folders["one"]),
                         out_dir=str(folders["one_out"])),
-            env={"XLA_FLAGS": test_xla_flags}, timeout_s=RUN_TIMEOUT_S)
+            env=env, timeout_s=RUN_TIMEOUT_S)
         two = multiprocess.run_processes(
             "multiprocess_workers:training_worker", 2, devices_per_process=2,
             kwargs=dict(data_dir=data_dir, workdir=str(folders["two"]),
                         out_dir=str(folders["two_out"])),
-            env={"XLA_FLAGS": test_xla_flags}, timeout_s=RUN_TIMEOUT_S)
+            env=env, timeout_s=RUN_TIMEOUT_S)
         [fresh] = multiprocess.run_processes(
             "multiprocess_workers:restore_worker", 1, devices_per_process=1,
             kwargs=dict(workdir=str(folders["two"]), out_dir=str(folders["fresh_out"])),
-            env={"XLA_FLAGS": test_xla_flags}, timeout_s=RUN_TIMEOUT_S)
+            env=env, timeout_s=RUN_TIMEOUT_S)
         [one] = one_future.result()
     return two, one, fresh, folders["two"]
 

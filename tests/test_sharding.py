@@ -56,7 +56,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     from configs import tiny
     from trip_jax.data import input_pipeline
     from trip_jax.models import builders
-    from trip_jax.training import checkpoints, losses, optimizers
+    from trip_jax.training import checkpoints, checksums, losses, optimizers
     from trip_jax.training import state as train_state, step as train_step
     from trip_jax.data import layouts
 
@@ -132,11 +132,15 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     restored_devices = {len(x.sharding.device_set) for x in jax.tree.leaves(restored.params)}
     restore_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(
         jax.tree.leaves(jax.device_get(restored.params)), jax.tree.leaves(runs["fsdp"][1])))
+    # The parameters sharded over 8 devices and restored onto one: the same checksums.
+    same_checksums = (checksums.tree_checksums(fsdp_state.params)
+                      == checksums.tree_checksums(restored.params))
 
     base_losses, base_params = runs["one_device"]
     result = {"device_count": jax.device_count(), "specs": specs, "losses": {},
               "param_diff": {}, "restored_devices": sorted(restored_devices),
-              "restore_diff": restore_diff, "dense_diff": dense_diff}
+              "restore_diff": restore_diff, "dense_diff": dense_diff,
+              "same_checksums": same_checksums}
     for name, (run_losses, run_params) in runs.items():
         result["losses"][name] = run_losses
         result["param_diff"][name] = max(
@@ -146,17 +150,17 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     return result
 
 
-def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir, test_xla_flags):
+def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir, test_xla_flags,
+                                                      main_install):
     out = tmp_path / "result.json"
     code = ("import json, sys; from test_sharding import equivalence_worker; "
             f"json.dump(equivalence_worker({data_dir!r}, {str(tmp_path / 'ckpt')!r}), "
             f"open({str(out)!r}, 'w'))")
     # The check is about agreement between layouts, not speed: the tests' fast-compile flags.
-    env = {**os.environ,
-           "XLA_FLAGS": f"{test_xla_flags} --xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"),
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = main_install({
+        **os.environ, "XLA_FLAGS": f"{test_xla_flags} --xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([
+            str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])})
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -173,4 +177,5 @@ def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir, 
     # The FSDP checkpoint (8 devices) restores bit-for-bit onto a single device.
     assert result["restored_devices"] == [1]
     assert result["restore_diff"] == 0.0
+    assert result["same_checksums"]
     assert result["dense_diff"] < 1e-5

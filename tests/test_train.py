@@ -7,6 +7,7 @@ cache, so only the first one pays for compiling the step functions.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -288,10 +289,11 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, f
     assert_trees_equal(params_of(workdir), good)
 
 
-def test_misspelt_config_override_is_an_error(tmp_path, repo):
+def test_misspelt_config_override_is_an_error(tmp_path, repo, main_install):
     command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py",
                f"--workdir={tmp_path}", "--config.train.learnin_rate=0.1"]
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=repo, env=main_install(dict(os.environ)),
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "learnin_rate" in result.stderr and "learning_rate" in result.stderr
     assert not (tmp_path / "metrics.jsonl").exists()

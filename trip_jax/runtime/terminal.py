@@ -27,6 +27,8 @@ def format_warning(message: Warning | str, category: type[Warning], filename: st
     return f"warning: {category.__name__}: {text} ({filename}:{lineno})\n"
 
 
+# Set, transformers keeps its advisory warnings to itself (transformers.utils.logging).
+TRANSFORMERS_NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 # Orbax's files (a path segment) and the names of its functions that read a checkpoint.
 _ORBAX_DIR = f"{os.sep}orbax{os.sep}"
 _READING = re.compile(r"read|deserializ|restore", re.IGNORECASE)
@@ -149,8 +151,11 @@ def setup() -> None:
     """What a person reads on the terminal, set once by each entry point: every warning is
     ``format_warning``'s one line, and the leftovers of an aborted checkpoint read (a traceback
     per array after the run's own ``error:`` line, as unraisable exceptions or asyncio errors,
-    possibly while the interpreter shuts down) go to the log at debug level."""
+    possibly while the interpreter shuts down) go to the log at debug level. transformers'
+    advisory lines (such as "PyTorch was not found" on the main install, which has no torch)
+    are not shown."""
     warnings.formatwarning = format_warning
+    os.environ.setdefault(TRANSFORMERS_NO_ADVICE, "1")  # read when transformers gives advice
     if getattr(sys.unraisablehook, "quiets_aborted_reads", False):
         return  # set already (a second command in the same process)
     sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
