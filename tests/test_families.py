@@ -49,13 +49,13 @@ def test_each_model_type_has_one_family_and_the_readers_agree():
         registry.family_of("gpt2")
 
 
-def test_no_module_outside_the_units_names_a_family():
+def test_no_module_outside_the_units_names_a_family(parse_python):
     found = []
     for path in sorted((REPO / "trip_jax").rglob("*.py")):
         name = path.relative_to(REPO).as_posix()
         if name.startswith(_MAY_NAME):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_python(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in registry.MODEL_TYPES:
                 found.append(f"{name}:{node.lineno} {node.value!r}")
     assert not found, found

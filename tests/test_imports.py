@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from collections.abc import Callable
 
 import pytest
 
@@ -55,11 +56,11 @@ def all_modules() -> dict[str, pathlib.Path]:
     return {module_name(p): p for p in paths}
 
 
-def imports_of(source: str, name: str, modules: dict[str, pathlib.Path]) -> set[str]:
-    """The modules of ``modules`` that module ``name`` (its ``source``) imports, anywhere in
-    its code."""
+def imports_of(tree: ast.Module, name: str, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The modules of ``modules`` that module ``name`` (its parsed source, ``tree``) imports,
+    anywhere in its code."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -71,11 +72,12 @@ def imports_of(source: str, name: str, modules: dict[str, pathlib.Path]) -> set[
     return found - {name}
 
 
-def graph() -> dict[str, set[str]]:
-    """{module: the modules it imports} (package __init__ files left out)."""
+def graph(parse: Callable[[str], ast.Module]) -> dict[str, set[str]]:
+    """{module: the modules it imports} (package __init__ files left out), the sources parsed
+    with ``parse`` (the ``parse_python`` fixture)."""
     modules = all_modules()
-    return {name: imports_of(path.read_text(), name, modules) for name, path in modules.items()
-            if path.name != "__init__.py"}
+    return {name: imports_of(parse(path.read_text()), name, modules)
+            for name, path in modules.items() if path.name != "__init__.py"}
 
 
 def floor(name: str) -> int:
@@ -90,19 +92,20 @@ def floor(name: str) -> int:
     raise AssertionError(f"{name} has no floor in tests/test_imports.py FLOORS; add it")
 
 
-def test_every_module_has_a_floor():
-    for name in graph():
+def test_every_module_has_a_floor(parse_python):
+    for name in graph(parse_python):
         floor(name)
 
 
-def test_no_module_imports_a_higher_floor():
+def test_no_module_imports_a_higher_floor(parse_python):
     upward = sorted(f"{a} (floor {floor(a)}) imports {b} (floor {floor(b)})"
-                    for a, targets in graph().items() for b in targets if floor(b) > floor(a))
+                    for a, targets in graph(parse_python).items() for b in targets
+                    if floor(b) > floor(a))
     assert not upward, "\n".join(upward)
 
 
-def test_no_import_cycle():
-    edges = graph()
+def test_no_import_cycle(parse_python):
+    edges = graph(parse_python)
     state: dict[str, str] = {}
 
     def visit(name: str, path: list[str]) -> None:
@@ -120,8 +123,8 @@ def test_no_import_cycle():
             visit(name, [name])
 
 
-def test_the_floors_are_what_the_layout_promises():
-    edges = graph()
+def test_the_floors_are_what_the_layout_promises(parse_python):
+    edges = graph(parse_python)
     assert "trip_jax.train" not in edges["trip_jax.evaluation.evaluate"]
     assert "trip_jax.train" not in edges["trip_jax.evaluation.predict"]
     assert "trip_jax.evaluation.evaluate" in edges["trip_jax.evaluation.predict"]
@@ -134,9 +137,9 @@ def test_the_floors_are_what_the_layout_promises():
                 ("trip_jax.training.", "trip_jax.evaluation.", "trip_jax.train"))], name
 
 
-def test_an_import_inside_a_function_is_seen():
+def test_an_import_inside_a_function_is_seen(parse_python):
     source = "def f():\n    from trip_jax import train\n    import trip_jax.data.schema\n"
-    found = imports_of(source, "trip_jax.data.features", all_modules())
+    found = imports_of(parse_python(source), "trip_jax.data.features", all_modules())
     assert found == {"trip_jax.train", "trip_jax.data.schema"}
     assert floor("trip_jax.data.features") < floor("trip_jax.train")
 
