@@ -194,9 +194,9 @@ def real_logits(logits):
     return np.asarray(logits).reshape(*logits.shape[:-2], -1)[..., columns]
 
 
-def run_convert(*flags, cwd=None):
+def run_convert(*flags, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "trip_jax.convert", *map(str, flags)],
-                          cwd=cwd or convert_repo(), capture_output=True, text=True,
+                          cwd=cwd or convert_repo(), env=env, capture_output=True, text=True,
                           timeout=600)
 
 
@@ -276,14 +276,14 @@ def test_convert_then_evaluate_gives_the_pickled_models_predictions(
     gives its story scores."""
     path, tok_dir = authors_files["roberta"]
     workdir = tmp_path / "run"
-    result = run_convert(f"--authors_model={path}", f"--workdir={workdir}")
+    env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)})
+    result = run_convert(f"--authors_model={path}", f"--workdir={workdir}", env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "embedding.pooler.dense.weight" in result.stdout
     assert "attribute_classifier.weight" in result.stdout
     command = result.stdout.split("evaluate it with: ", 1)[1].split()
     assert command[:3] == ["python", "-m", "trip_jax.main"]
     assert command[3] == "--config=configs/roberta.py"
-    env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)})
     evaluated = subprocess.run(
         [sys.executable, *command[1:], f"--config.data.data_dir={data_dir}",
          "--config.data.max_pairs=8", "--config.train.eval_batch_size=4"],
