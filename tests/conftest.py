@@ -234,11 +234,12 @@ def run_main(data_dir, compilation_cache_dir, main_install
 
 @pytest.fixture(scope="session")
 def parse_python() -> Callable[[str], ast.Module]:
-    """``parse_python(source)``: ``ast.parse(source)`` with the garbage collector paused. On
-    Python 3.11 a finalizer that a collection runs during a parse can format a traceback, which
-    parses source too (asyncio's "Task exception was never retrieved" for a checkpoint read
-    another test gave up), and the parse then fails with "AST constructor recursion depth
-    mismatch" (python/cpython#106905; seen once in test_imports)."""
+    """``parse_python(source)``: ``ast.parse(source)`` with the garbage collector paused. A
+    full run once failed test_imports with Python 3.11's "AST constructor recursion depth
+    mismatch" (python/cpython#106905), right after asyncio logged "Task exception was never
+    retrieved" for a checkpoint read another test gave up; formatting that traceback parses
+    source too (3.11 places its ^ marks so), and a finalizer that a collection runs mid-parse
+    is the likely way in. Not reproduced on demand."""
 
     def parse(source: str) -> ast.Module:
         enabled = gc.isenabled()
