@@ -133,8 +133,8 @@ def test_the_tiered_model_trains_end_to_end_at_tiny_size(tiny_config, tmp_path):
     assert all(np.isfinite(r["loss/total"]) and r["grad_norm"] > 0 for r in steps)
 
 
-def test_configs_t5_names_flan_t5_large_and_stops_in_one_line_when_not_cached(tmp_path,
-                                                                              data_dir, main_install):
+def test_configs_t5_names_flan_t5_large_and_stops_in_one_line_when_not_cached(
+        tmp_path, data_dir, main_install):
     from configs import t5 as t5_config
     assert t5_config.get_config().model.encoder == "google/flan-t5-large"
     env = main_install({**os.environ, "HF_HOME": str(tmp_path / "hf_empty"),
