@@ -358,9 +358,32 @@ def test_the_train_step_computes_one_norm_the_clips(tiny_config, monkeypatch):
         data.train, data.layout, config.train.batch_size, shuffle=False, seed=0, epoch=0,
         shards=sharding.local_batch_shards(trainer.mesh))))
     state = trainer.abstract_state
-    trainer.train_step.trace(state, input_pipeline.global_batch(local, trainer.mesh))
+    # A step of its own: the trainer's may have been traced already in this process
+    # (``build_trainer`` builds each equal trainer once), without the counting norm.
+    train_step = training_step.make_train_step(
+        trainer.model, trainer.tx, trainer.schedule, trainer.config.loss, trainer.mesh,
+        trainer.state_shardings, trainer.config.train.seed)
+    train_step.trace(state, input_pipeline.global_batch(local, trainer.mesh))
     # One norm: the gradients' (the clip reuses it); the parameters' is not in the step.
     assert computed == [jax.tree.structure(state.params)]
+
+
+def test_equal_trainers_and_eval_steps_are_built_once(tiny_config, full_run):
+    config = tiny_config()
+    trainer = trainer_of(config)
+    assert trainer_of(config) is trainer  # equal config, model and mesh: the same steps
+    other = tiny_config()
+    other.train.seed += 1
+    assert trainer_of(other).train_step is not trainer.train_step
+    assert trainer_of(other).eval_step is trainer.eval_step  # the seed is not in the eval step
+    # A restored checkpoint of an equal model evaluates with the same step.
+    restored = checkpoints.restore_for_eval(str(full_run[0]))
+    assert evaluate.checkpoint_eval_step(restored) is trainer.eval_step
+    # Only the most recent builds are kept.
+    for seed in range(100, 100 + training_step.KEEP_BUILT):
+        other.train.seed = seed
+        trainer_of(other)
+    assert trainer_of(config) is not trainer
 
 
 def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates(tiny_config):

@@ -8,7 +8,6 @@ their outputs into one model's; ``evaluate_ensemble`` writes
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from absl import logging
 from etils import epath
 
 from trip_jax.config.sections import Config
-from trip_jax.config.typed import as_dict, typed
+from trip_jax.config.typed import typed
 from trip_jax.data import batch_contract, input_pipeline
 from trip_jax.evaluation import decoding, evaluate, metrics, model_names
 from trip_jax.models.tiered import NEG_LOGIT
@@ -93,15 +92,6 @@ class Member:
                 "checkpoint_step": self.step}
 
 
-def _architecture(restored: checkpoints.EvalModel) -> str:
-    """A key equal for members whose eval step compiles to the same program."""
-    config = as_dict(restored.config)
-    return json.dumps({"model": config["model"], "loss": config["loss"],
-                       "max_sentences": config["data"]["max_sentences"],
-                       "encoder": restored.meta.get("encoder_config"),
-                       "mesh": dict(restored.mesh.shape)}, sort_keys=True, default=str)
-
-
 def member_outputs(workdirs: Sequence[str], which: str | int,
                    run: Callable[[checkpoints.EvalModel, Callable, int], evaluate.Predictions]
                    ) -> Iterator[Member]:
@@ -109,7 +99,6 @@ def member_outputs(workdirs: Sequence[str], which: str | int,
     ``run(restored, eval_step, index)`` outputs; the restored parameters are dropped before the
     next member is restored. Raises EnsembleError (a member that does not fit) or
     CheckpointError (a missing or damaged checkpoint)."""
-    steps: dict[str, Callable] = {}
     first = None
     for index, workdir in enumerate(check_members(workdirs)):
         restored = checkpoints.restore_for_eval(str(workdir), which)
@@ -118,10 +107,8 @@ def member_outputs(workdirs: Sequence[str], which: str | int,
         if first is None:
             first = (folder, signature)
         check_fit(folder, signature, *first)
-        key = _architecture(restored)
-        if key not in steps:
-            steps[key] = evaluate.checkpoint_eval_step(restored)
-        predictions = run(restored, steps[key], index)
+        # Members of equal models share one eval step (``training.step.shared_eval_step``).
+        predictions = run(restored, evaluate.checkpoint_eval_step(restored), index)
         member = Member(model_names.config_label(restored.config), folder, restored.kind,
                         restored.step, restored.config, predictions)
         del restored

@@ -36,8 +36,9 @@ EVAL_DIR = "eval"
 
 
 def checkpoint_eval_step(restored: checkpoints.EvalModel) -> Callable:
-    """The jitted eval step of a restored model on its mesh, with its run's loss settings."""
-    return training_step.make_eval_step(restored.model, restored.config.loss, restored.mesh,
+    """The jitted eval step of a restored model on its mesh, with its run's loss settings (one
+    per process for equal models: ``training.step.shared_eval_step``)."""
+    return training_step.shared_eval_step(restored.model, restored.config.loss, restored.mesh,
                                         restored.param_shardings)
 
 

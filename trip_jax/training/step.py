@@ -1,8 +1,8 @@
 """The jitted train and eval steps and the ``Trainer`` that assembles a model's training pieces.
 
-``build_trainer`` is the one place that turns a config and a model into the optimizer
-(``trip_jax.training.optimizers.make_optimizer``), the train state's shapes and shardings and the
-jitted train and eval steps; training (``trip_jax.train``) and the benchmarks both use it.
+``build_trainer``, used by training and the benchmarks, is the one place that turns a config and a
+model into the optimizer, the train state's shapes and shardings and the jitted steps, each
+built once per process for equal arguments (``reuse_built``).
 """
 
 from __future__ import annotations
@@ -87,6 +87,34 @@ def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings)
                    out_shardings=sharding.replicated(mesh))
 
 
+# What ``reuse_built`` keeps: (key, built) pairs, the most recently used last.
+_BUILT: list[tuple[tuple, Any]] = []
+KEEP_BUILT = 4
+
+
+def reuse_built(key: tuple, build: Callable[[], Any]) -> Any:
+    """``build()``, or what it returned for a key equal to ``key`` (compared with ``==``: a
+    Flax model holding a transformers config cannot be hashed); the ``KEEP_BUILT`` most recently
+    used are kept. A key must hold everything the built value depends on."""
+    for index, (held, built) in enumerate(_BUILT):
+        if held == key:
+            _BUILT.append(_BUILT.pop(index))
+            return built
+    built = build()
+    _BUILT.append((key, built))
+    del _BUILT[:-KEEP_BUILT]
+    return built
+
+
+def shared_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings,
+                     build: Callable[[], Callable] | None = None) -> Callable:
+    """``make_eval_step(...)`` (or ``build()``), built once per process for equal arguments
+    (``reuse_built``)."""
+    key = ("eval_step", model, loss_config, mesh, jax.tree.flatten(param_shardings))
+    return reuse_built(key, build or (
+        lambda: make_eval_step(model, loss_config, mesh, param_shardings)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Trainer:
     """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
@@ -113,11 +141,21 @@ class Trainer:
 
 def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
     """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step, eval
-    step (``make_eval_step``) and parameter norm (``make_param_norm``) on ``mesh``."""
+    step (``shared_eval_step``) and parameter norm (``make_param_norm``) on ``mesh``; built once
+    per process for equal arguments (``reuse_built``)."""
+    trainer = reuse_built(("trainer", config, model, mesh, total_steps),
+                          lambda: _build_trainer(config, model, mesh, total_steps))
+    # A trainer found again keeps its eval step the one equal models evaluate with.
+    shared_eval_step(model, config.loss, mesh, trainer.state_shardings.params,
+                     lambda: trainer.eval_step)
+    return trainer
+
+
+def _build_trainer(config, model, mesh, total_steps: int) -> Trainer:
     tx, schedule = optimizers.make_optimizer(config.train, total_steps)
     abstract, shardings = abstract_train_state(config, model, tx, mesh)
     train_step = make_train_step(model, tx, schedule, config.loss, mesh, shardings,
                                  config.train.seed, freeze_encoder=config.train.freeze_encoder)
-    eval_step = make_eval_step(model, config.loss, mesh, shardings.params)
+    eval_step = shared_eval_step(model, config.loss, mesh, shardings.params)
     return Trainer(config, model, mesh, tx, schedule, shardings, abstract, train_step, eval_step,
                    make_param_norm(mesh, shardings.params))
