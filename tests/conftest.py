@@ -212,17 +212,27 @@ def main_install() -> Callable[[dict[str, str]], dict[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def run_main(data_dir, compilation_cache_dir, main_install
-             ) -> Callable[..., subprocess.CompletedProcess]:
+def main_job_env(compilation_cache_dir, main_install) -> Callable[..., dict[str, str]]:
+    """``main_job_env(**extra)``: the environment of a subprocess that runs a command of the main
+    job: this process's, with the session's compilation cache (every program: no minimum
+    compile time), as the main install has it (``main_install``), and ``extra`` set."""
+
+    def environment(**extra: str) -> dict[str, str]:
+        return main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir),
+                             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra})
+
+    return environment
+
+
+@pytest.fixture(scope="session")
+def run_main(data_dir, main_job_env) -> Callable[..., subprocess.CompletedProcess]:
     """``run_main(*flags, env=None)``: ``python -m trip_jax.main --config=configs/tiny.py`` on the
-    shared data (unless ``flags`` set ``--config.data.data_dir``), with the session's
-    compilation cache, as the main install has it (``main_install``); ``env`` adds environment
-    variables."""
+    shared data (unless ``flags`` set ``--config.data.data_dir``), in ``main_job_env``; ``env``
+    adds environment variables."""
 
     def run(*flags: str, env: dict[str, str] | None = None,
             timeout: int = 300) -> subprocess.CompletedProcess:
-        env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir),
-                            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **(env or {})})
+        env = main_job_env(**(env or {}))
         if not any(flag.startswith("--config.data.data_dir=") for flag in flags):
             flags = (f"--config.data.data_dir={data_dir}", *flags)
         command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py", *flags]

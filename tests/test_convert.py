@@ -269,14 +269,14 @@ def test_imported_model_equals_the_pickled_models_forward(family, authors_files,
 
 
 def test_convert_then_evaluate_gives_the_pickled_models_predictions(
-        authors_files, pairs, tmp_path, data_dir, compilation_cache_dir, main_install):
+        authors_files, pairs, tmp_path, data_dir, main_job_env):
     """The commands a user runs: convert (RoBERTa: the tokenizer named by the pickle), then
     ``--mode=evaluate`` with the printed command; each pair's story, conflicting sentences and
     tier outcome equal what the pickled model decodes; ``--mode=predict`` on the same pairs
     gives its story scores."""
     path, tok_dir = authors_files["roberta"]
     workdir = tmp_path / "run"
-    env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)})
+    env = main_job_env()
     result = run_convert(f"--authors_model={path}", f"--workdir={workdir}", env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "embedding.pooler.dense.weight" in result.stdout

@@ -215,13 +215,12 @@ def kill_points(seed: int) -> list[str]:
 
 
 def test_killed_at_random_points_and_restarted_ends_like_an_uninterrupted_run(
-        trained_workdir, tmp_path, data_dir, compilation_cache_dir, repo, main_install):
+        trained_workdir, tmp_path, data_dir, repo, main_job_env):
     # Seed 0 unless TRIP_FAULT_SEED=N asks for another draw (the messages name it).
     seed = int(os.environ.get("TRIP_FAULT_SEED") or 0)
     points = kill_points(seed)
     workdir = tmp_path / "killed"
-    env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir),
-                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
+    env = main_job_env()
     for number, point in enumerate([*points, "none"]):
         result = subprocess.run(
             [sys.executable, str(repo / "tests" / "fault_worker.py"), str(workdir), data_dir,

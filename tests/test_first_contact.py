@@ -392,7 +392,7 @@ def terminal_lines(result: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_each_readme_command_fails_in_at_most_two_lines(damaged_workdir, data_dir, tmp_path,
-                                                        compilation_cache_dir, main_install):
+                                                        main_job_env):
     """The README's commands, each on its failure path, run side by side (each python start
     with jax costs seconds): no network, missing data, a bad value, a busy workdir, a damaged
     checkpoint, a data command on a missing directory."""
@@ -414,7 +414,7 @@ def test_each_readme_command_fails_in_at_most_two_lines(damaged_workdir, data_di
         "data stats": ([sys.executable, "-m", "trip_jax.datatools", "stats",
                         f"--data_dir={tmp_path / 'no_data'}"], {}, 1, str(tmp_path / "no_data")),
     }
-    base = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)})
+    base = main_job_env()
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         base.pop(key, None)  # the hub is tried, and cannot be reached
     busy.mkdir()
@@ -458,13 +458,12 @@ def flip_every(path, start: int, stride: int = FLIP_STRIDE) -> None:
 
 
 def test_evaluate_on_a_checkpoint_damaged_anywhere_is_one_line(trained_workdir, data_dir,
-                                                               tmp_path, compilation_cache_dir,
-                                                               main_install):
+                                                               tmp_path, main_job_env):
     """--mode=evaluate on copies of the trained run, each with the largest array file of its
     selected checkpoint damaged from one of FLIP_STARTS, run side by side."""
     command = [sys.executable, "-m", "trip_jax.main", "--config=configs/tiny.py",
                f"--config.data.data_dir={data_dir}", "--mode=evaluate"]
-    env = main_install({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir)})
+    env = main_job_env()
     running = {}
     for start in FLIP_STARTS:
         workdir = tmp_path / f"from{start}"
