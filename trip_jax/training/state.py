@@ -75,20 +75,26 @@ def abstract_train_state(config, model, tx: optax.GradientTransformation, mesh
     return abstract, sharding.tree_shardings(mesh, abstract, config.mesh.fsdp_min_size)
 
 
+def jitted_init(config, model, tx: optax.GradientTransformation, shardings) -> Callable:
+    """``init(rng, encoder_params or None) -> TrainState``, jitted to give the state in
+    ``shardings`` (``abstract_train_state``'s)."""
+    return jax.jit(_init_fn(config, model, tx), out_shardings=shardings)
+
+
 def create_train_state(config, model, tx: optax.GradientTransformation, mesh,
-                       encoder_params=None, abstract_and_shardings=None
+                       encoder_params=None, abstract_and_shardings=None, init=None
                        ) -> tuple[TrainState, Any]:
     """Initialises the train state directly in its shardings; returns (state, shardings).
 
     ``encoder_params`` (pretrained, host arrays) replace the random encoder initialisation;
-    ``abstract_and_shardings``: ``abstract_train_state``'s result for these arguments, if
-    already computed.
+    ``abstract_and_shardings``: ``abstract_train_state``'s result for these arguments, and
+    ``init``: ``jitted_init``'s, if already built.
     """
     abstract, shardings = (abstract_and_shardings
                            or abstract_train_state(config, model, tx, mesh))
     if encoder_params is not None:
         _check_encoder_params(abstract.params["encoder"], encoder_params, config.model.encoder)
-    init = jax.jit(_init_fn(config, model, tx), out_shardings=shardings)
+    init = init or jitted_init(config, model, tx, shardings)
     return init(jax.random.key(config.train.seed), encoder_params), shardings
 
 

@@ -19,7 +19,8 @@ from trip_jax.config.sections import Config
 from trip_jax.data import batch_contract
 from trip_jax.runtime import sharding
 from trip_jax.training import losses, optimizers
-from trip_jax.training.state import TrainState, abstract_train_state, create_train_state
+from trip_jax.training.state import (TrainState, abstract_train_state, create_train_state,
+                                     jitted_init)
 
 
 def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
@@ -118,8 +119,8 @@ def shared_eval_step(model, loss_config: losses.LossConfig, mesh, param_sharding
 @dataclasses.dataclass(frozen=True)
 class Trainer:
     """One model's training pieces, assembled once (``build_trainer``): the optimizer and its
-    schedule, the train state's shapes and shardings, the jitted train and eval steps and the
-    parameter norm (``make_param_norm``)."""
+    schedule, the train state's shapes and shardings, the jitted train and eval steps, the
+    parameter norm (``make_param_norm``) and the state's initialisation (``jitted_init``)."""
 
     config: Config
     model: Any
@@ -131,11 +132,13 @@ class Trainer:
     train_step: Callable
     eval_step: Callable
     param_norm: Callable
+    init_state: Callable  # jitted_init: a fresh train state in state_shardings
 
     def fresh_state(self, encoder_params=None) -> TrainState:
         """A new train state (``create_train_state``), in ``state_shardings``."""
         state, _ = create_train_state(self.config, self.model, self.tx, self.mesh,
-                                      encoder_params, (self.abstract_state, self.state_shardings))
+                                      encoder_params, (self.abstract_state, self.state_shardings),
+                                      self.init_state)
         return state
 
 
@@ -158,4 +161,5 @@ def _build_trainer(config, model, mesh, total_steps: int) -> Trainer:
                                  config.train.seed, freeze_encoder=config.train.freeze_encoder)
     eval_step = shared_eval_step(model, config.loss, mesh, shardings.params)
     return Trainer(config, model, mesh, tx, schedule, shardings, abstract, train_step, eval_step,
-                   make_param_norm(mesh, shardings.params))
+                   make_param_norm(mesh, shardings.params),
+                   jitted_init(config, model, tx, shardings))
