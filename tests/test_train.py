@@ -26,7 +26,7 @@ from trip_jax.data import input_pipeline
 from trip_jax.evaluation import evaluate
 from trip_jax.models import builders, param_names
 from trip_jax.runtime import sharding
-from trip_jax.training import checkpoint_reads, checkpoints, optimizers
+from trip_jax.training import checkpoint_reads, checkpoints, optimizers, reuse
 from trip_jax.training import step as training_step
 from trip_jax.training.state import create_train_state, init_params_from
 
@@ -380,7 +380,7 @@ def test_equal_trainers_and_eval_steps_are_built_once(tiny_config, full_run):
     restored = checkpoints.restore_for_eval(str(full_run[0]))
     assert evaluate.checkpoint_eval_step(restored) is trainer.eval_step
     # Only the most recent builds are kept.
-    for seed in range(100, 100 + training_step.KEEP_BUILT):
+    for seed in range(100, 100 + reuse.KEEP_BUILT):
         other.train.seed = seed
         trainer_of(other)
     assert trainer_of(config) is not trainer

@@ -27,7 +27,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 def encoder_config_from_dict(values: dict[str, Any]) -> transformers.PretrainedConfig:
     """Rebuilds a Hugging Face config from ``PretrainedConfig.to_dict()`` output (less the
     writer's ``transformers_version``: a rebuilt config equals a fresh one, so their models
-    share built steps, ``training.step.reuse_built``)."""
+    share built steps, ``training.reuse``)."""
     values = dict(values)
     values.pop("transformers_version", None)
     return transformers.AutoConfig.for_model(values.pop("model_type"), **values)

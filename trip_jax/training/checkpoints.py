@@ -20,6 +20,7 @@ from etils import epath
 from trip_jax.models import builders, param_names
 from trip_jax.runtime import paths, sharding
 from trip_jax.training import per_layer_checkpoints
+from trip_jax.training.reuse import reuse_built
 from trip_jax.training.checkpoint_reads import (CheckpointError, DamagedCheckpointError,
                                                 restore_items, saved_param_shapes,
                                                 verify_arrays, verify_meta, with_checksums)
@@ -379,9 +380,11 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
         hf_config = builders.encoder_config_from_dict(meta["encoder_config"])
         model = builders.build_model(saved, hf_config)
         mesh = mesh or _eval_mesh(saved.mesh.fsdp)
-        abstract = jax.eval_shape(
-            lambda rng: builders.init_params(model, rng, saved.data.max_sentences),
-            jax.random.key(0))
+        abstract = reuse_built(("param_shapes", model, saved.data.max_sentences),
+                               lambda: jax.eval_shape(
+                                   lambda rng: builders.init_params(model, rng,
+                                                                    saved.data.max_sentences),
+                                   jax.random.key(0)))
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
         if param_names.per_layer_paths(saved_param_shapes(manager, step)):
             params, _ = per_layer_checkpoints.restore_per_layer(manager, step, meta, abstract,

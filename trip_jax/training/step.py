@@ -19,6 +19,7 @@ from trip_jax.config.sections import Config
 from trip_jax.data import batch_contract
 from trip_jax.runtime import sharding
 from trip_jax.training import losses, optimizers
+from trip_jax.training.reuse import reuse_built
 from trip_jax.training.state import (TrainState, abstract_train_state, create_train_state,
                                      jitted_init)
 
@@ -86,25 +87,6 @@ def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings)
 
     return jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=sharding.replicated(mesh))
-
-
-# What ``reuse_built`` keeps: (key, built) pairs, the most recently used last.
-_BUILT: list[tuple[tuple, Any]] = []
-KEEP_BUILT = 4
-
-
-def reuse_built(key: tuple, build: Callable[[], Any]) -> Any:
-    """``build()``, or what it returned for a key equal to ``key`` (compared with ``==``: a
-    Flax model holding a transformers config cannot be hashed); the ``KEEP_BUILT`` most recently
-    used are kept. A key must hold everything the built value depends on."""
-    for index, (held, built) in enumerate(_BUILT):
-        if held == key:
-            _BUILT.append(_BUILT.pop(index))
-            return built
-    built = build()
-    _BUILT.append((key, built))
-    del _BUILT[:-KEEP_BUILT]
-    return built
 
 
 def shared_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings,
