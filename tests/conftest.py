@@ -139,14 +139,18 @@ def test_xla_flags() -> str:
 
 @pytest.fixture
 def benchmark_env(monkeypatch, data_dir):
-    """The benchmark processes a test starts read the shared TRIP data and compile with
+    """The benchmark processes a test starts read the shared TRIP data, compile with
     TEST_XLA_FLAGS (as every test process on a CPU-only install; here on any machine: no timing
-    is asserted). This process keeps the flags it started with (``jax.devices()`` above)."""
+    is asserted) and have no torch unless they run the PyTorch reference
+    (``tests/benchmark_install``). This process keeps its flags (``jax.devices()`` above) and
+    its torch."""
     from jax._src import xla_bridge
 
     assert xla_bridge.backends_are_initialized(), "XLA_FLAGS set now would stay in this worker"
     monkeypatch.setenv("TRIP_DATA_DIR", data_dir)
     monkeypatch.setenv("XLA_FLAGS", _with_test_flags(os.environ.get("XLA_FLAGS", "")))
+    paths = [str(REPO / "tests" / "benchmark_install"), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
 
 
 @pytest.fixture(scope="session")
