@@ -371,7 +371,11 @@ def test_the_train_step_computes_one_norm_the_clips(tiny_config, monkeypatch):
 def test_equal_trainers_and_eval_steps_are_built_once(tiny_config, full_run):
     config = tiny_config()
     trainer = trainer_of(config)
-    assert trainer_of(config) is trainer  # equal config, model and mesh: the same steps
+    assert trainer_of(config).train_step is trainer.train_step  # equal config, model and mesh
+    fold = tiny_config()
+    fold.data.holdout_seed += 1  # another held-out slice, as another fold: the same steps
+    assert trainer_of(fold).train_step is trainer.train_step
+    assert trainer_of(fold).config.data.holdout_seed == fold.data.holdout_seed
     other = tiny_config()
     other.train.seed += 1
     assert trainer_of(other).train_step is not trainer.train_step
@@ -383,7 +387,7 @@ def test_equal_trainers_and_eval_steps_are_built_once(tiny_config, full_run):
     for seed in range(100, 100 + reuse.KEEP_BUILT):
         other.train.seed = seed
         trainer_of(other)
-    assert trainer_of(config) is not trainer
+    assert trainer_of(config).train_step is not trainer.train_step
 
 
 def test_head_learning_rate_moves_heads_and_encoder_at_their_own_rates(tiny_config):

@@ -126,14 +126,16 @@ class Trainer:
 
 def build_trainer(config, model, mesh, total_steps: int) -> Trainer:
     """Assembles ``model``'s optimizer (for ``total_steps``), state shardings, train step, eval
-    step (``shared_eval_step``) and parameter norm (``make_param_norm``) on ``mesh``; built once
-    per process for equal arguments (``reuse_built``)."""
-    trainer = reuse_built(("trainer", config, model, mesh, total_steps),
+    step (``shared_eval_step``) and parameter norm (``make_param_norm``) on ``mesh``. The pieces
+    are built once per process for equal arguments (``reuse_built``), whatever the config says
+    outside what they depend on (the folds of a cross-validation differ in ``data.fold`` only)."""
+    depends_on = (config.train, config.loss, config.model, config.mesh, config.data.max_sentences)
+    trainer = reuse_built(("trainer", *depends_on, model, mesh, total_steps),
                           lambda: _build_trainer(config, model, mesh, total_steps))
     # A trainer found again keeps its eval step the one equal models evaluate with.
     shared_eval_step(model, config.loss, mesh, trainer.state_shardings.params,
                      lambda: trainer.eval_step)
-    return trainer
+    return dataclasses.replace(trainer, config=config)
 
 
 def _build_trainer(config, model, mesh, total_steps: int) -> Trainer:
