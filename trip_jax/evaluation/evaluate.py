@@ -39,7 +39,7 @@ def checkpoint_eval_step(restored: checkpoints.EvalModel) -> Callable:
     """The jitted eval step of a restored model on its mesh, with its run's loss settings (one
     per process for equal models: ``training.step.shared_eval_step``)."""
     return training_step.shared_eval_step(restored.model, restored.config.loss, restored.mesh,
-                                        restored.param_shardings)
+                                          restored.param_shardings)
 
 
 def eval_batch_size(batch_size: int, mesh) -> int:

@@ -20,10 +20,10 @@ from etils import epath
 from trip_jax.models import builders, param_names
 from trip_jax.runtime import paths, sharding
 from trip_jax.training import per_layer_checkpoints
-from trip_jax.training.reuse import reuse_built
 from trip_jax.training.checkpoint_reads import (CheckpointError, DamagedCheckpointError,
                                                 restore_items, saved_param_shapes,
                                                 verify_arrays, verify_meta, with_checksums)
+from trip_jax.training.reuse import reuse_built
 from trip_jax.config import migrate
 from trip_jax.config.messages import ConfigError
 from trip_jax.config.sections import Config, MeshConfig
