@@ -156,3 +156,12 @@ def test_no_answerable_line_is_an_error_after_writing_the_problems(workdir, tmp_
     assert [json.loads(line)["line"] for line in output.read_text().splitlines()] == [1, 2]
     with pytest.raises(predict.PredictionError, match="does not exist"):
         predict.run(config(), str(workdir), str(tmp_path / "missing.jsonl"))
+
+
+def test_an_input_without_lines_is_an_error_before_anything_is_read_or_written(tmp_path,
+                                                                              config):
+    path = write_lines(tmp_path / "empty.jsonl", ["", "  "])
+    workdir = tmp_path / "no_run"  # no checkpoint: the input is checked first
+    with pytest.raises(predict.PredictionError, match=r"empty\.jsonl holds no story pairs"):
+        predict.run(config(), str(workdir), str(path))
+    assert not workdir.exists()

@@ -203,10 +203,13 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
     lists the members' votes), ``workdir`` then only taking the answers.
 
     Returns {"answers": [record], "problems": {line: message} in line order, "output": the path
-    written}. Raises PredictionError when the input file is missing, CheckpointError for a
-    missing, unreadable or mismatched checkpoint, EnsembleError for a member that does not fit.
-    ``config``: typed, or a ConfigDict it is built from (``trip_jax.config.typed``).
+    written}. Raises PredictionError when the input file is missing or holds no line (nothing is
+    read or written then), CheckpointError for a missing, unreadable or mismatched checkpoint,
+    EnsembleError for a member that does not fit. ``config``: typed, or a ConfigDict it is built
+    from (``trip_jax.config.typed``).
     """
+    if not any(text.strip() for text in _read_lines(input_path)):
+        raise PredictionError(f"{input_path} holds no story pairs")
     config = typed(config)
     sources = ensemble.check_members(members) if members else [str(workdir)]
     if members:
@@ -335,6 +338,5 @@ def run(config: Config | Any, workdir: str, input_path: str,
         print(f"wrote {len(result['answers'])} answer(s) and {len(result['problems'])} "
               f"skipped line(s) to {result['output']}")
     if not result["answers"]:
-        raise PredictionError(f"none of the lines of {input_path} could be answered"
-                              if result["problems"] else f"{input_path} holds no story pairs")
+        raise PredictionError(f"none of the lines of {input_path} could be answered")
     return result
