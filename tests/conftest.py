@@ -59,6 +59,15 @@ LONGEST_FIRST = (
     "test_modernbert.py", "test_first_contact.py", "test_tiered.py", "test_explorer.py")
 
 
+def pytest_configure(config):
+    """Stops the run when LONGEST_FIRST names no module in tests/ (a renamed module would
+    otherwise lose its place silently)."""
+    stale = [name for name in LONGEST_FIRST if not (REPO / "tests" / name).is_file()]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py: LONGEST_FIRST names {', '.join(stale)}, "
+                                "which is not a module in tests/")
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Puts the modules of LONGEST_FIRST first, in that order (a stable sort: the tests of a
     module and the other modules keep their order)."""
