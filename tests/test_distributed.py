@@ -38,18 +38,12 @@ def fake_init(monkeypatch):
 
 @pytest.fixture
 def absl_log(caplog):
-    """``caplog`` holding absl's INFO records whatever an earlier test of this worker left behind
-    (absl's verbosity at WARNING, or its logger not propagating: either hid every record from the
-    two tests below once the long modules ran before them)."""
-    logger = logging.getLogger("absl")
+    """``caplog`` holding absl's INFO records whatever absl verbosity this worker has (a
+    command's ``--verbosity`` sets the absl logger's level; test_first_contact's backend-search
+    test once left it at WARNING, which hid every record from the two tests below)."""
     caplog.set_level(logging.INFO)
     caplog.set_level(logging.INFO, logger="absl")
-    attach = not logger.propagate
-    if attach:
-        logger.addHandler(caplog.handler)
-    yield caplog
-    if attach:
-        logger.removeHandler(caplog.handler)
+    return caplog
 
 
 def test_no_cluster_is_single_process_without_a_call(fake_init, absl_log):

@@ -303,7 +303,10 @@ def test_an_abandoned_checkpoints_other_reads_go_to_the_debug_log(terminal_set_u
 
 def test_backend_search_is_quiet_unless_debugging():
     logger = logging.getLogger(jax_setup.BACKEND_LOGGER)
-    level, verbosity = logger.level, absl_logging.get_verbosity()
+    # set_verbosity also sets the absl logger's own level: that is restored as it was (NOTSET
+    # by default) after the verbosity, which alone left it at WARNING for later tests.
+    absl_logger = logging.getLogger("absl")
+    level, verbosity, absl_level = logger.level, absl_logging.get_verbosity(), absl_logger.level
     try:
         for setting, hidden in ((absl_logging.INFO, True), (absl_logging.DEBUG, False)):
             logger.setLevel(logging.NOTSET)
@@ -313,6 +316,7 @@ def test_backend_search_is_quiet_unless_debugging():
     finally:
         logger.setLevel(level)
         absl_logging.set_verbosity(verbosity)
+        absl_logger.setLevel(absl_level)
 
 
 def decoding_metrics():
