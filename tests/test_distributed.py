@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 
@@ -36,25 +35,17 @@ def fake_init(monkeypatch):
     jax.config.update("jax_cpu_collectives_implementation", before)
 
 
-@pytest.fixture
-def absl_log(caplog):
-    """``caplog`` holding absl's INFO records whatever absl verbosity this worker has (a
-    command's ``--verbosity`` sets the absl logger's level; test_first_contact's backend-search
-    test once left it at WARNING, which hid every record from the two tests below)."""
-    caplog.set_level(logging.INFO)
-    caplog.set_level(logging.INFO, logger="absl")
-    return caplog
-
-
-def test_no_cluster_is_single_process_without_a_call(fake_init, absl_log):
+def test_no_cluster_is_single_process_without_a_call(fake_init, caplog):
+    caplog.set_level("INFO")
     plan = initialize_distributed({"PATH": "/usr/bin"}, initialize_fn=fake_init)
     assert plan.method == "single" and not plan.multi_process
     assert fake_init.calls == []
     assert jax.config.jax_cpu_collectives_implementation == "mpi"  # untouched
-    assert "not called" in absl_log.text
+    assert "not called" in caplog.text
 
 
-def test_explicit_env_vars_initialise_with_gloo_first(fake_init, absl_log):
+def test_explicit_env_vars_initialise_with_gloo_first(fake_init, caplog):
+    caplog.set_level("INFO")
     env = {"TRIP_COORDINATOR_ADDRESS": "10.0.0.1:1234", "TRIP_NUM_PROCESSES": "2",
            "TRIP_PROCESS_ID": "1"}
     plan = initialize_distributed(env, initialization_timeout=17, initialize_fn=fake_init)
@@ -64,7 +55,7 @@ def test_explicit_env_vars_initialise_with_gloo_first(fake_init, absl_log):
     assert kwargs == dict(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1,
                           local_device_ids=None, cluster_detection_method="deactivate",
                           initialization_timeout=17)
-    assert "process 1 of 2, coordinator 10.0.0.1:1234" in absl_log.text
+    assert "process 1 of 2, coordinator 10.0.0.1:1234" in caplog.text
 
 
 def test_explicit_local_device_ids_and_user_collectives_choice(fake_init):

@@ -93,11 +93,12 @@ class Member:
 
 
 def member_outputs(workdirs: Sequence[str], which: str | int,
-                   run: Callable[[checkpoints.EvalModel, Callable, int], evaluate.Predictions]
+                   run: Callable[[checkpoints.EvalModel, int], evaluate.Predictions]
                    ) -> Iterator[Member]:
     """Restores each member in turn, checks that it fits the first, and yields its
-    ``run(restored, eval_step, index)`` outputs; the restored parameters are dropped before the
-    next member is restored. Raises EnsembleError (a member that does not fit) or
+    ``run(restored, index)`` outputs (members of equal models share one eval step:
+    ``evaluate.checkpoint_eval_step``); the restored parameters are dropped before the next
+    member is restored. Raises EnsembleError (a member that does not fit) or
     CheckpointError (a missing or damaged checkpoint)."""
     first = None
     for index, workdir in enumerate(check_members(workdirs)):
@@ -107,8 +108,7 @@ def member_outputs(workdirs: Sequence[str], which: str | int,
         if first is None:
             first = (folder, signature)
         check_fit(folder, signature, *first)
-        # Members of equal models share one eval step (``training.step.shared_eval_step``).
-        predictions = run(restored, evaluate.checkpoint_eval_step(restored), index)
+        predictions = run(restored, index)
         member = Member(model_names.config_label(restored.config), folder, restored.kind,
                         restored.step, restored.config, predictions)
         del restored
@@ -223,14 +223,14 @@ def evaluate_ensemble(config: Config | Any, workdir: str | os.PathLike,
     pairs = input_pipeline.split_pairs(splits, split)
     count = len(members)
 
-    def run(restored, eval_step, index):
+    def run(restored, index):
         if restored.meta.get("protocol") not in (None, splits.protocol):
             logging.warning("member %s was selected under protocol %s; scoring under %s",
                             workdir_name(members[index]), restored.meta["protocol"],
                             splits.protocol)
         evaluator = evaluate.Evaluator.for_checkpoint(
-            restored, pairs, restored.config, splits=splits, eval_step=eval_step,
-            progress=progress, desc=f"{split} {index + 1}/{count}")
+            restored, pairs, restored.config, splits=splits, progress=progress,
+            desc=f"{split} {index + 1}/{count}")
         return evaluator.predict(restored.params)
 
     kept, member_records, facts = [], [], []

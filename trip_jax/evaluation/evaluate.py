@@ -163,17 +163,16 @@ class Evaluator:
     def for_checkpoint(cls, restored: checkpoints.EvalModel, pairs: Sequence[StoryPair],
                        config: Config, *,
                        splits: protocol.ProtocolSplits | None = None,
-                       eval_step: Callable | None = None, **kwargs) -> "Evaluator":
+                       **kwargs) -> "Evaluator":
         """An evaluator of a restored model on ``pairs``, encoded with its tokenizer and batched
-        as ``config`` says; ``splits`` (the protocol's) fix E when ``data.entity_padding`` is
-        "data_max" (without them E is bucketed: the predictions are the same, the unmasked
-        losses are not); ``eval_step``: one compiled for an equal model (default: its own,
-        ``checkpoint_eval_step``)."""
+        as ``config`` says, with ``checkpoint_eval_step``; ``splits`` (the protocol's) fix E when
+        ``data.entity_padding`` is "data_max" (without them E is bucketed: the predictions are
+        the same, the unmasked losses are not)."""
         layout = layouts.from_config(config.data)
         if splits is not None:
             layout = layout.for_splits(splits)
         kwargs.setdefault("decoding_config", config.decoding)
-        return cls(eval_step or checkpoint_eval_step(restored), pairs,
+        return cls(checkpoint_eval_step(restored), pairs,
                    input_pipeline.encode(pairs, restored.tokenizer, layout), layout,
                    config.train.eval_batch_size, restored.mesh, **kwargs)
 

@@ -238,9 +238,9 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
     decoding_config = config.decoding
     votes = {}
     if keep and members:
-        def run(member, eval_step, index):
+        def run(member, index):
             return evaluate.Evaluator(
-                eval_step, kept_pairs, [encodings[index][x] for x in keep], layout,
+                evaluate.checkpoint_eval_step(member), kept_pairs, [encodings[index][x] for x in keep], layout,
                 config.train.eval_batch_size, member.mesh, desc=f"predict {index + 1}/"
                 f"{len(sources)}").predict(member.params)
 
