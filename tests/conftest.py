@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import gc
-import importlib.util
 import os
 import pathlib
 import shutil
@@ -17,14 +16,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-import jax
-import pytest
+from trip_jax.runtime import platforms
+
+platforms.skip_absent_tpu()  # before JAX starts: an installed libtpu is not tried without a TPU
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # XLA:CPU compile time of the tests' tiny programs: LLVM's optimisations (-O0 drops them) and the
 # MLIR fusion emitters (the older emitters compile a train step in ~0.6x the time) dominate it.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
 
 
 def _with_test_flags(flags: str) -> str:
@@ -32,9 +33,10 @@ def _with_test_flags(flags: str) -> str:
     return flags if TEST_XLA_FLAGS in flags else f"{flags} {TEST_XLA_FLAGS}".strip()
 
 
-# On a CPU-only install every test process (subprocesses inherit it) compiles with
-# TEST_XLA_FLAGS (docs/reference.md#tests).
-if not any(importlib.util.find_spec(name) for name in ACCELERATOR_PLUGINS):
+# On a machine with no accelerator attached (an installed libtpu or CUDA plugin alone does not
+# count) every test process (subprocesses inherit it) compiles with TEST_XLA_FLAGS
+# (docs/reference.md#tests).
+if platforms.attached_platforms() == "cpu":
     os.environ["XLA_FLAGS"] = _with_test_flags(os.environ.get("XLA_FLAGS", ""))
 # XLA reads XLA_FLAGS once, when the first backend starts, and keeps them for the process; the
 # compilation cache keys on XLA_FLAGS as it is at each compilation. Start the backend now, so
