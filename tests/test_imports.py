@@ -22,7 +22,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # under the data (files -> pairs -> arrays, layouts, the batch contract), the original
 # implementation's pieces (``reference``: jax, flax and optax only) under the model and training
 # that choose them, the model on the data, training on the model, evaluation on training's
-# checkpoints and steps; the training loop and the commands (datatools: the data's side tools)
+# checkpoints and steps, the compile-only check (``compile``) on the steps training builds; the
+# training loop and the commands (datatools: the data's side tools)
 # at the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("data.schema",),
@@ -36,7 +37,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("interop",),
     ("training",),
-    ("evaluation", "scoring"),
+    ("evaluation", "scoring", "compile"),
     ("train", "cross_validate"),
     ("main", "score", "convert", "run_summary", "datatools"),
     ("benchmarks",),

@@ -1,6 +1,7 @@
 """Command line entry: ``python -m trip_jax.main --config=configs/minilm.py --workdir=DIR``.
 
-``--mode`` is train (default), cross_validate, evaluate, predict or random_baseline; config keys
+``--mode`` is train (default), cross_validate, evaluate, predict, random_baseline or compile
+(``--topology=v5e-8``: the steps compiled for a Cloud TPU type, docs/compile.md); config keys
 are overridden with ``--config.SECTION.KEY=VALUE``. A bad command line is one ``error:`` line,
 exit 2; a failed run, exit 1. Details: README.md, docs/reference.md#allowed-values.
 """
@@ -77,6 +78,13 @@ def _random_baseline(config, workdir: str) -> dict[str, Any]:
     return result
 
 
+def _compile(config, workdir: str) -> Any:
+    """--mode=compile: the train and eval steps compiled for every chip of --topology
+    (``trip_jax.compile.run``)."""
+    from trip_jax.compile import run
+    return run.run(config, workdir, FLAGS.topology)
+
+
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[[Any, str], Any]] = {
     "train": _train,
@@ -84,6 +92,7 @@ MODES: dict[str, Callable[[Any, str], Any]] = {
     "evaluate": _evaluate,
     "predict": _predict,
     "random_baseline": _random_baseline,
+    "compile": _compile,
 }
 # The modes that train (and check the config against the devices first).
 TRAINING_MODES = ("train", "cross_validate")
@@ -102,7 +111,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     from trip_jax.evaluation import ensemble, predict
     from trip_jax.runtime import hub, workdir_lock
     from trip_jax.training.checkpoint_reads import CheckpointError
-    return (CheckpointError, readers.TripDataError, SpacyModelError,
+    from trip_jax.compile.run import CompileError
+    return (CheckpointError, CompileError, readers.TripDataError, SpacyModelError,
             input_pipeline.UnknownSplitError, predict.PredictionError,
             workdir_lock.WorkdirLocked, hub.HubUnavailableError, ensemble.EnsembleError)
 
@@ -134,6 +144,9 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
     flags.DEFINE_string("name", None, "The model's name in the reports and pages this command "
                         "writes (default: ENCODER (RECIPE, seed SEED), read off the config).",
                         flag_values=values)
+    flags.DEFINE_string("topology", None, "compile: the Cloud TPU accelerator type to compile "
+                        "for (v4-8, v5e-8 or v5litepod-8, v5p-8, v6e-8, v5e-256, ...) or a "
+                        "topology (v5e:2x2).", flag_values=values)
     flags.DEFINE_bool("show_config", False, "Print the resolved config and exit: no mode runs and "
                       "the workdir is not touched (training saves the config as "
                       "WORKDIR/config.json).", flag_values=values)
@@ -157,6 +170,18 @@ def check_flags(values: flags.FlagValues) -> None:
                              f"{' and '.join('--mode=' + m for m in ENSEMBLE_MODES)})")
     if values.members is not None and not values.members:
         raise cli.UsageError("--members: names no workdir (DIR,DIR,...)")
+    if values.mode == "compile" and not values.topology:
+        raise cli.UsageError("--mode=compile needs --topology=TYPE (e.g. v5e-8, v4-8, v5p-8, "
+                             "v6e-8, v5e-256)")
+    if values.topology and values.mode != "compile":
+        raise cli.UsageError(f"--topology: --mode={values.mode} does not read it (only "
+                             "--mode=compile)")
+    if values.topology:
+        from trip_jax.compile import chips
+        try:
+            chips.accelerator(values.topology)
+        except ValueError as err:
+            raise cli.UsageError(f"--topology: {err}") from None
     if values.mode == "predict" and not values.input:
         raise cli.UsageError("--mode=predict needs --input=FILE (JSON Lines of story pairs)")
 

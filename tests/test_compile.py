@@ -1,0 +1,171 @@
+"""--mode=compile: the tiny config's steps compiled by XLA:TPU for v5e:2x2 from this CPU (libtpu's
+topology, no TPU), its figures, the one-line refusal, and what keeps libtpu off elsewhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trip_jax.compile import chips, figures
+from trip_jax.runtime import platforms
+
+# The tiny config on a 2 x 2 (data, fsdp) mesh of a v5e:2x2, one pair a chip.
+MESH = ("--mode=compile", "--topology=v5e:2x2", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+        "--config.train.eval_batch_size=4")
+
+
+@pytest.fixture(scope="module")
+def compiled(run_main, tmp_path_factory):
+    """The command's run (both steps, one compile each) and its JSON records."""
+    workdir = tmp_path_factory.mktemp("compile")
+    result = run_main(f"--workdir={workdir}", *MESH, "--config.train.batch_size=4", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads((workdir / "compile" / "v5e_2x2.json").read_text())["records"]
+    return result, records
+
+
+def test_both_steps_compile_with_positive_compile_time_figures(compiled):
+    result, records = compiled
+    assert [r["step"] for r in records] == ["train", "eval"]
+    lines = [l for l in result.stdout.splitlines() if l.endswith("[compile-time]")]
+    assert [l.split(" step,")[0] for l in lines] == ["train", "eval"]
+    for r in records:
+        assert r["chips"] == 4 and r["chip"] == "TPU v5 lite" and r["fits"]
+        assert r["mesh"] == {"data": 2, "fsdp": 2} and r["pairs"] == 4
+        assert r["compile_seconds"] > 0
+        memory = r["memory_bytes"]
+        assert memory["arguments"] > 0 and memory["generated_code"] > 0
+        assert 0 < memory["total"] < r["hbm_bytes"] == 16 * 2 ** 30
+        assert r["cost"]["flops"] > 0 and r["cost"]["bytes_accessed"] > 0
+        assert r["roofline"]["step_seconds"] > 0 and r["roofline"]["pairs_per_second"] > 0
+        # fsdp=2: parameters are gathered for the forward pass.
+        assert r["collectives"]["all-gather"]["count"] > 0
+        assert r["collectives"]["all-gather"]["bytes"] > 0
+    train, evaluation = records
+    assert train["cost"]["flops"] > evaluation["cost"]["flops"]  # backward pass and update
+
+
+def test_parameters_are_placed_as_the_config_shards_them(compiled):
+    from configs import tiny
+    from trip_jax.runtime import sharding
+
+    min_size = tiny.get_config().mesh.fsdp_min_size
+    for record in compiled[1]:
+        placement = record["parameter_placement"]
+        expected = {path: list(sharding.param_spec(tuple(p["shape"]), 2, min_size))
+                    for path, p in placement.items()}
+        got = {path: p["spec"] + [None] * (len(p["shape"]) - len(p["spec"]))
+               for path, p in placement.items()}
+        expected = {path: s + [None] * (len(placement[path]["shape"]) - len(s))
+                    for path, s in expected.items()}
+        assert got == expected
+        sharded = sum("fsdp" in s for s in got.values())
+        assert sharded == record["parameters"]["sharded_arrays"] > 0
+        assert record["parameters"]["replicated_arrays"] > 0
+
+
+def test_a_batch_too_large_for_the_chip_is_one_line_exit_2(run_main, tmp_path):
+    result = run_main(f"--workdir={tmp_path}", *MESH, "--config.train.batch_size=400000")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [l for l in result.stderr.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    line = errors[0]
+    assert "the train step needs at least" in line and "16.00 GiB" in line
+    for key in ("--config.train.batch_size (now 400000", "--config.mesh.fsdp",
+                "--config.model.remat=true"):
+        assert key in line
+    assert "DOES NOT FIT" in result.stdout
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--mode=compile",), "--mode=compile needs --topology"),
+    (("--topology=v5e-8",), "--topology: --mode=train does not read it"),
+    (("--mode=compile", "--topology=v7x-8"), "unknown TPU accelerator type 'v7x-8'"),
+    (("--mode=compile", "--topology=v5e-6"), "is not a slice size"),
+])
+def test_bad_compile_flags_are_one_line(run_main, tmp_path, flags, says):
+    result = run_main(f"--workdir={tmp_path / 'run'}", *flags)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [next(
+        l for l in result.stderr.splitlines() if l.startswith("error: "))]
+    assert says in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_libtpu_the_command_says_so(monkeypatch):
+    from trip_jax.compile import run
+
+    monkeypatch.setattr(platforms, "installed", lambda module: module != "libtpu")
+    run.topology_devices.cache_clear()
+    with pytest.raises(run.CompileError, match=r"needs libtpu, which is not installed: pip "
+                                               r"install -e '\.\[tpu\]'"):
+        run.topology_devices(chips.accelerator("v5e-4"))
+
+
+@pytest.mark.parametrize("name, topology, count", [
+    ("v4-8", "v4:2x2x1", 4), ("v4-128", "v4:4x4x4", 64), ("v5p-8", "v5p:2x2x1", 4),
+    ("v5p-128", "v5p:4x4x4", 64), ("v5e-8", "v5e:2x4", 8), ("v5litepod-8", "v5e:2x4", 8),
+    ("v5e-256", "v5e:16x16", 256), ("v6e-8", "v6e:2x4", 8), ("v5e-1", "v5e:1x1", 1),
+    ("v5e:2x2", "v5e:2x2", 4), ("v4-16", "v4:2x2x2", 8),
+])
+def test_accelerator_types_as_cloud_tpu_spells_them(name, topology, count):
+    accelerator = chips.accelerator(name)
+    assert (accelerator.topology, accelerator.chips) == (topology, count)
+
+
+def test_collectives_are_counted_with_their_result_bytes():
+    hlo = "\n".join([
+        "  %ag = f32[8,16]{1,0} all-gather(f32[4,16]{1,0} %p), dimensions={0}",
+        "  %ags = (bf16[4]{0}, bf16[8]{0}) all-gather-start(bf16[4]{0} %q)",
+        "  %agd = bf16[8]{0} all-gather-done((bf16[4]{0}, bf16[8]{0}) %ags)",
+        "  %ar = (f32[2]{0}, s32[3]{0}) all-reduce(f32[2]{0} %a, s32[3]{0} %b), to_apply=%add",
+        "  %rs = f32[4]{0} reduce-scatter(f32[16]{0} %c), dimensions={0}",
+    ])
+    found = figures.collectives(hlo)
+    assert found["all-gather"] == {"count": 2, "bytes": 8 * 16 * 4 + 8 * 2}
+    assert found["all-reduce"] == {"count": 1, "bytes": 2 * 4 + 3 * 4}
+    assert found["reduce-scatter"] == {"count": 1, "bytes": 16}
+
+
+def test_roofline_is_the_slower_of_compute_and_memory():
+    chip = chips.CHIPS["v5e"]
+    compute_bound = figures.roofline(chip.peak_flops, chip.hbm_bandwidth / 1000, chip, 8, 8)
+    assert compute_bound["bound"] == "compute" and compute_bound["step_seconds"] == 1.0
+    assert compute_bound["pairs_per_second"] == 8 and compute_bound["intensity_over_ridge"] > 1
+    memory_bound = figures.roofline(1.0, 2 * chip.hbm_bandwidth, chip, 4, 2)
+    assert memory_bound["bound"] == "memory" and memory_bound["step_seconds"] == 2.0
+    assert memory_bound["pairs_per_second_per_chip"] == 1.0
+
+
+def _fake_pci(root: Path, devices: dict[str, tuple[str, str]]) -> str:
+    for name, (vendor, device) in devices.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "vendor").write_text(vendor + "\n")
+        (root / name / "device").write_text(device + "\n")
+    return str(root)
+
+
+def test_tpu_chips_are_found_on_pci(tmp_path):
+    root = _fake_pci(tmp_path, {"0000:00:04.0": ("0x1ae0", "0x0063"),
+                                "0000:00:05.0": ("0x1ae0", "0x0063"),
+                                "0000:00:06.0": ("0x1ae0", "0x9999"),
+                                "0000:00:07.0": ("0x8086", "0x0063")})
+    assert platforms.tpu_chips(root) == 2
+    assert platforms.attached_platforms(root) == "tpu,cpu"
+
+
+def test_an_installed_libtpu_without_a_tpu_is_not_started(monkeypatch, tmp_path):
+    monkeypatch.setattr(platforms, "installed", lambda module: module == "libtpu")
+    monkeypatch.setattr(platforms, "NVIDIA_DEVICE_FILES", ())
+    monkeypatch.setattr(platforms, "tpu_chips", lambda root="": 0)
+    environ: dict[str, str] = {}
+    assert platforms.skip_absent_tpu(environ) == "cpu" and environ == {"JAX_PLATFORMS": "cpu"}
+    chosen = {"JAX_PLATFORMS": "tpu"}
+    assert platforms.skip_absent_tpu(chosen) is None and chosen == {"JAX_PLATFORMS": "tpu"}
+    monkeypatch.setattr(platforms, "tpu_chips", lambda root="": 4)
+    assert platforms.skip_absent_tpu(environ := {}) is None and environ == {}
+    monkeypatch.setattr(platforms, "installed", lambda module: False)
+    monkeypatch.setattr(platforms, "tpu_chips", lambda root="": 0)
+    assert platforms.skip_absent_tpu(environ := {}) is None and environ == {}

@@ -1,0 +1,254 @@
+"""``--mode=compile``: the config's train and eval steps compiled by XLA:TPU for an accelerator type.
+
+``compile_steps(config, accelerator)`` builds what training builds (``build_trainer``: layout,
+precision, remat, scan, mesh and shardings) on the accelerator's devices, as described by
+libtpu's topology API, lowers each step on abstract shapes (``shapes.batch_spec``; no weight
+read, nothing allocated) and compiles it; ``run`` prints one line a step, writes
+``WORKDIR/compile/<type>.json`` and refuses a step that does not fit (``CompileError``, exit 2).
+Every figure is compile-time (``figures``). Details: docs/compile.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from trip_jax.compile import chips as chips_lib
+from trip_jax.compile import encoders, figures, shapes
+from trip_jax.evaluation.evaluate import eval_batch_size
+from trip_jax.models import builders
+from trip_jax.runtime import platforms, sharding
+from trip_jax.training.step import build_trainer
+
+GIB = 2 ** 30
+# libtpu without a TPU: no lock file (several compiles at once), no metadata-server lookups and
+# none of the errors it logs when it cannot find this machine's TPU.
+LIBTPU_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1",
+              "TPU_WORKER_HOSTNAMES": "localhost"}
+# XLA:TPU refuses a program larger than the chip's memory at compile time with this.
+_OUT_OF_MEMORY = re.compile(r"(RESOURCE_EXHAUSTED|[Rr]an out of memory)")
+_USED = re.compile(r"[Uu]sed ([0-9.]+)([KMGT]?)(?:i?B)? of ([0-9.]+)([KMGT]?)(?:i?B)? hbm")
+
+
+class CompileError(ValueError):
+    """A compile the user asked for that cannot be done or does not fit: one line, exit 2."""
+
+    exit_code = 2
+
+
+@functools.lru_cache(maxsize=None)
+def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
+    """The devices of ``accelerator``'s topology (libtpu's description; no TPU needed)."""
+    if not platforms.installed("libtpu"):
+        raise CompileError("--mode=compile needs libtpu, which is not installed: pip install -e "
+                           "'.[tpu]'")
+    for key, value in LIBTPU_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator.topology.split(":")[0] + "-1")
+    from jax.experimental import topologies
+    return tuple(topologies.get_topology_desc(accelerator.topology, "tpu").devices)
+
+
+def _need_from_error(message: str) -> int | None:
+    """Bytes a chip would need, read off XLA:TPU's out-of-memory message (None if absent)."""
+    match = _USED.search(message)
+    if not match:
+        return None
+    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+    return int(float(match.group(1)) * scale[match.group(2)])
+
+
+def _parameter_layout(trainer) -> dict[str, int]:
+    """How the train state's parameters are placed: arrays sharded over fsdp, replicated ones,
+    and the bytes of parameters a chip holds."""
+    fsdp = trainer.mesh.shape["fsdp"]
+    leaves = zip(jax.tree.leaves(trainer.abstract_state.params),
+                 jax.tree.leaves(trainer.state_shardings.params))
+    sharded = replicated = per_chip = 0
+    for leaf, where in leaves:
+        split = "fsdp" in [axis for axis in where.spec if axis]
+        sharded += split
+        replicated += not split
+        per_chip += leaf.size * leaf.dtype.itemsize // (fsdp if split else 1)
+    return {"sharded_arrays": sharded, "replicated_arrays": replicated,
+            "parameter_bytes_per_chip": per_chip}
+
+
+def _placement(compiled, step: str, params) -> dict[str, dict[str, list]]:
+    """{parameter path: {"shape", "spec"}}: where the compiled step takes each parameter."""
+    placed = compiled.input_shardings[0][0]
+    placed = placed.params if step == "train" else placed
+    paths = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {jax.tree_util.keystr(path): {"shape": list(leaf.shape),
+                                         "spec": [axis for axis in where.spec]}
+            for (path, leaf), where in zip(paths, jax.tree.leaves(placed))}
+
+
+def argument_bytes(args, shardings) -> int:
+    """Bytes a chip holds of ``args`` (abstract arrays) placed by ``shardings`` (a matching tree
+    of NamedShardings): a lower bound on what the step needs, known before compiling."""
+    return sum(math.prod(where.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf, where in zip(jax.tree.leaves(args), jax.tree.leaves(shardings)))
+
+
+def build(config, accelerator: chips_lib.Accelerator):
+    """The trainer training would build for ``config`` on ``accelerator``'s devices (a
+    one-step optimizer schedule: its shape does not depend on the step count)."""
+    devices = topology_devices(accelerator)
+    try:
+        mesh = sharding.create_mesh(config.mesh, devices)
+    except ValueError as err:
+        raise CompileError(f"{err} ({accelerator.name}: {len(devices)} chips)") from None
+    try:
+        hf_config = encoders.encoder_config(config)
+    except encoders.UnknownEncoder as err:
+        raise CompileError(str(err)) from None
+    model = builders.build_model(config, hf_config)
+    return build_trainer(config, model, mesh, total_steps=1)
+
+
+def compile_step(trainer, step: str, pairs: int, accelerator: chips_lib.Accelerator
+                 ) -> dict[str, Any]:
+    """One step ("train" or "eval") of ``trainer`` lowered and compiled for ``pairs`` pairs:
+    its record (sizes, seconds and ``figures.step_figures``; ``fits`` False with the bytes
+    XLA:TPU reported when it refused the program as too large for the chip)."""
+    shards = sharding.num_batch_shards(trainer.mesh)
+    try:
+        sharding.check_batch_split(pairs, trainer.mesh.shape)
+    except ValueError as err:
+        raise CompileError(str(err)) from None
+    batch = shapes.batch_spec(trainer.config, pairs, shards)
+    batch_placement = jax.tree.map(lambda _: sharding.batch_sharding(trainer.mesh), batch)
+    state = trainer.abstract_state
+    function, args = ((trainer.train_step, (state, batch)) if step == "train"
+                      else (trainer.eval_step, (state.params, batch)))
+    record: dict[str, Any] = {
+        "step": step, "pairs": pairs, "accelerator": accelerator.name,
+        "topology": accelerator.topology, "chip": accelerator.chip.device_kind,
+        "chips": accelerator.chips, "mesh": dict(trainer.mesh.shape),
+        "batch_sizes": shapes.batch_sizes(trainer.config, pairs, shards),
+        "parameters": _parameter_layout(trainer)}
+    placed = ((trainer.state_shardings, batch_placement) if step == "train"
+              else (trainer.state_shardings.params, batch_placement))
+    need = argument_bytes(args, placed)
+    if need > accelerator.chip.hbm_bytes:  # refused without compiling: the inputs alone
+        record.update(compile_seconds=0.0, fits=False, hbm_bytes=accelerator.chip.hbm_bytes,
+                      memory_bytes={"arguments": need, "total": need, "at_least": True})
+        return record
+    start = time.perf_counter()
+    lowered = function.lower(*args)
+    record["lower_seconds"] = time.perf_counter() - start
+    start = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as err:  # XLA's errors have no public type of their own
+        if not _OUT_OF_MEMORY.search(str(err)):
+            raise
+        record.update(compile_seconds=time.perf_counter() - start, fits=False,
+                      hbm_bytes=accelerator.chip.hbm_bytes,
+                      memory_bytes={"total": _need_from_error(str(err))},
+                      compiler_message=str(err).strip().splitlines()[0][:500])
+        return record
+    record["compile_seconds"] = time.perf_counter() - start
+    record["parameter_placement"] = _placement(compiled, step, state.params)
+    record.update(figures.step_figures(compiled, accelerator.chip, pairs, accelerator.chips))
+    return record
+
+
+def compile_steps(config, accelerator: chips_lib.Accelerator, steps=("train", "eval")
+                  ) -> list[dict[str, Any]]:
+    """``compile_step`` of each of ``steps`` at the config's batch sizes (train.batch_size;
+    train.eval_batch_size rounded up to the mesh as evaluation does), up to the first that
+    does not fit."""
+    trainer = build(config, accelerator)
+    pairs = {"train": config.train.batch_size,
+             "eval": eval_batch_size(config.train.eval_batch_size, trainer.mesh)}
+    records = []
+    for step in steps:
+        records.append(compile_step(trainer, step, pairs[step], accelerator))
+        if not records[-1]["fits"]:
+            break
+    return records
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One terminal line of a step's record: every figure compile-time."""
+    mesh = " x ".join(f"{k}={v}" for k, v in record["mesh"].items())
+    head = (f"{record['step']} step, {record['pairs']} pairs on {record['accelerator']} "
+            f"({record['chips']} x {record['chip']}, mesh {mesh}): ")
+    head += ("refused before compiling" if record["memory_bytes"].get("at_least") else
+             f"compiled in {record['compile_seconds']:.1f} s")
+    mem = record["memory_bytes"]
+    fit = "fits" if record["fits"] else "DOES NOT FIT"
+    if "temporaries" not in mem:
+        least = "at least " if mem.get("at_least") else ""
+        return (f"{head}; needs {least}{_gib(mem['total'])} of {_gib(record['hbm_bytes'])} a "
+                f"chip: {fit} [compile-time]")
+    text = (f"{head}; per chip {_gib(mem['total'])} of {_gib(record['hbm_bytes'])} ({fit}: "
+            f"arguments {_gib(mem['arguments'])}, outputs {_gib(mem['outputs'])}, temporaries "
+            f"{_gib(mem['temporaries'])}, code {_gib(mem['generated_code'])})")
+    if record.get("cost"):
+        c, r = record["cost"], record["roofline"]
+        text += (f"; {c['flops']:.3g} FLOPs, {c['bytes_accessed']:.3g} bytes a chip "
+                 f"({r['intensity_flops_per_byte']:.0f} FLOPs/byte, ridge "
+                 f"{r['ridge_point']:.0f}: {r['bound']}-bound)")
+    moved = {k: v for k, v in record["collectives"].items() if v["count"]}
+    text += "; collectives " + (", ".join(f"{k} {v['count']} ({_gib(v['bytes'])})"
+                                          for k, v in moved.items()) or "none")
+    if record.get("roofline"):
+        r = record["roofline"]
+        text += (f"; roofline {r['step_seconds'] * 1e3:.2f} ms/step, "
+                 f"<= {r['pairs_per_second']:.1f} pairs/s")
+    return text + " [compile-time]"
+
+
+def refusal(record: dict[str, Any], config) -> str:
+    """The one line of a step that does not fit: what it needs, what the chip has, and the
+    config keys that would shrink it."""
+    keys = [f"--config.train.{'batch_size' if record['step'] == 'train' else 'eval_batch_size'}"
+            f" (now {record['pairs']} pairs)",
+            f"--config.mesh.fsdp (now {record['mesh']['fsdp']}: parameters and optimizer state "
+            "over more chips)"]
+    if not config.model.remat:
+        keys.append("--config.model.remat=true")
+    if config.model.dtype == "float32":
+        keys.append("--config.model.dtype=bfloat16")
+    least = "at least " if record["memory_bytes"].get("at_least") else ""
+    return (f"the {record['step']} step needs {least}{_gib(record['memory_bytes']['total'])} "
+            "per chip; "
+            f"a {record['chip']} chip of {record['accelerator']} has "
+            f"{_gib(record['hbm_bytes'])}; shrink it with {', '.join(keys)}")
+
+
+def run(config, workdir: str, accelerator_name: str) -> list[dict[str, Any]]:
+    """The mode: compiles both steps, prints one line each, writes
+    ``WORKDIR/compile/<type>.json`` and raises CompileError (the ``refusal`` line) for the
+    first step that does not fit."""
+    try:
+        accelerator = chips_lib.accelerator(accelerator_name)
+    except ValueError as err:
+        raise CompileError(f"--topology: {err}") from None
+    records = compile_steps(config, accelerator)
+    for record in records:
+        print(describe(record), flush=True)
+    out = Path(workdir) / "compile" / f"{accelerator.name.replace(':', '_')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"compile_time_figures": True, "jax": jax.__version__,
+                               "records": records}, indent=1) + "\n")
+    print(f"wrote {out}", flush=True)
+    for record in records:
+        if not record["fits"]:
+            raise CompileError(refusal(record, config))
+    return records
