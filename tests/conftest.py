@@ -54,11 +54,12 @@ gc.set_threshold(50_000, 50, 100)
 # (pyproject's --no-loadscope-reorder): the long ones start early and the short ones even out the
 # end. The multi-device modules are far apart, so that they do not run at the same time.
 LONGEST_FIRST = (
-    "test_multiprocess_training.py", "test_benchmarks.py", "test_train.py", "test_faults.py",
-    "test_convert.py", "test_gpu_check.py", "test_sharding.py", "test_cross_validate.py",
-    "test_evaluate.py", "test_real_cells.py", "test_ensemble.py", "test_coherent.py",
-    "test_layer_stack.py", "test_t5.py", "test_exact_reference.py", "test_export.py",
-    "test_modernbert.py", "test_first_contact.py", "test_tiered.py", "test_explorer.py")
+    "test_multiprocess_training.py", "test_benchmarks.py", "test_compile.py", "test_train.py",
+    "test_faults.py", "test_convert.py", "test_gpu_check.py", "test_sharding.py",
+    "test_cross_validate.py", "test_evaluate.py", "test_real_cells.py", "test_ensemble.py",
+    "test_coherent.py", "test_layer_stack.py", "test_t5.py", "test_exact_reference.py",
+    "test_export.py", "test_modernbert.py", "test_first_contact.py", "test_tiered.py",
+    "test_explorer.py")
 
 
 def pytest_configure(config):

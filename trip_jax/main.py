@@ -1,9 +1,8 @@
 """Command line entry: ``python -m trip_jax.main --config=configs/minilm.py --workdir=DIR``.
 
-``--mode`` is train (default), cross_validate, evaluate, predict, random_baseline or compile
-(``--topology=v5e-8``: the steps compiled for a Cloud TPU type, docs/compile.md); config keys
-are overridden with ``--config.SECTION.KEY=VALUE``. A bad command line is one ``error:`` line,
-exit 2; a failed run, exit 1. Details: README.md, docs/reference.md#allowed-values.
+``--mode``: train (default), cross_validate, evaluate, predict, random_baseline or compile; keys
+are set with ``--config.SECTION.KEY=VALUE``. A bad command line is one ``error:`` line, exit 2;
+a failed run, exit 1. Details: README.md, docs/reference.md#allowed-values, docs/compile.md.
 """
 
 from __future__ import annotations

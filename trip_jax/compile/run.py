@@ -1,11 +1,8 @@
-"""``--mode=compile``: the config's train and eval steps compiled by XLA:TPU for an accelerator type.
+"""``--mode=compile``: the config's train and eval steps compiled by XLA:TPU for a TPU type.
 
-``compile_steps(config, accelerator)`` builds what training builds (``build_trainer``: layout,
-precision, remat, scan, mesh and shardings) on the accelerator's devices, as described by
-libtpu's topology API, lowers each step on abstract shapes (``shapes.batch_spec``; no weight
-read, nothing allocated) and compiles it; ``run`` prints one line a step, writes
-``WORKDIR/compile/<type>.json`` and refuses a step that does not fit (``CompileError``, exit 2).
-Every figure is compile-time (``figures``). Details: docs/compile.md.
+``compile_steps`` lowers the steps ``build_trainer`` builds (training's own) on libtpu's topology
+devices and abstract shapes, and compiles them; ``run`` prints one line a step, writes
+``WORKDIR/compile/<type>.json`` and refuses a step that does not fit. Details: docs/compile.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The abstract batch a compiled step takes: the config's layout at the shapes of TRIP's largest pair.
+"""The abstract batch of a compiled step: the config's layout at the shapes of TRIP's largest pair.
 
 No data is read: ``batch_spec(config, pairs, shards)`` sizes the layout's arrays from
 ``LARGEST_PAIR`` (measured on the TRIP splits once, docs/compile.md#batch-shapes), so a compile

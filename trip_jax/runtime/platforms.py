@@ -1,10 +1,8 @@
 """Which JAX platforms a process may start: no TPU runtime where no TPU chip is attached.
 
-With libtpu installed (the ``tpu`` and ``test`` extras), JAX 0.10 tries the TPU backend first in
-every process: libtpu logs errors on a machine without a TPU and takes a machine-wide lock file,
-so a second process can fail. ``skip_absent_tpu()`` (run when ``trip_jax`` is imported) sets
-``JAX_PLATFORMS`` to the platforms that are attached when libtpu is installed, no TPU chip is
-attached and the user set no platforms. Plain Python, no JAX import. Details: docs/compile.md.
+With libtpu installed JAX tries the TPU first in every process (libtpu's errors on stderr, its
+lock file); ``skip_absent_tpu()``, run when ``trip_jax`` is imported, sets ``JAX_PLATFORMS`` to
+what is attached unless the user set it. No JAX import. Details: docs/compile.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,133 @@
+"""Every config's train and eval steps compiled by XLA:TPU from this CPU: fit, batch, roofline.
+
+``python -m benchmarks.tpu_compile --configs roberta --accelerators v5e-8 --out FILE`` compiles at
+one pair a chip (``--search 64``: doubling up to 64 while it fits; ``--set KEY=VALUE`` overrides),
+adds the records to FILE with benchmarks/flops.py's count beside the compiler's; ``--report FILE``
+prints the table. All figures compile-time: docs/compile.md."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+
+from benchmarks import flops
+from configs import base
+from trip_jax.compile import chips, encoders, run
+from trip_jax.config.typed import typed
+
+GIB = 2 ** 30
+
+
+def config_of(name: str, overrides: list[str]):
+    """The typed config of configs/<name>.py with ``overrides`` ("section.key=value") set."""
+    config = importlib.import_module(f"configs.{name}").get_config()
+    for item in overrides:
+        key, _, text = item.partition("=")
+        current = base.get_key(config, key)
+        value = (text.lower() in ("1", "true", "yes") if isinstance(current, bool)
+                 else type(current)(text))
+        base.set_keys(config, {key: value})
+    return typed(ml_collections.ConfigDict(config))
+
+
+def counted_flops(config, record: dict) -> float:
+    """benchmarks/flops.py's count of the compiled step over the whole slice: the encoder over
+    every sequence (packed_tokens: N x P tokens; dense: R x T), heads and detector over every
+    cell of the grid; train = 3 x forward."""
+    hf_config = encoders.encoder_config(config)
+    sizes = record["batch_sizes"]
+    if "P" in sizes:
+        encoder = flops.encoder_forward_flops(hf_config, np.full(sizes["N"], sizes["P"]))
+    else:
+        encoder = flops.encoder_forward_flops(hf_config, np.full(sizes["R"], sizes["T"]))
+    slots = sizes["B"] * 2 * sizes["E"] * sizes["S"]
+    heads = flops.heads_detector_forward_flops(hf_config.hidden_size, config.model.tiered, slots,
+                                               sizes["S"])
+    return (encoder + heads) * (3 if record["step"] == "train" else 1)
+
+
+def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[str],
+            search: int) -> list[dict]:
+    """Records of ``steps`` of configs/<name>.py on ``accelerator_name`` at one pair a chip, then
+    (``search`` > 1) at 2, 4, ... up to ``search`` pairs a chip while the step fits."""
+    config = config_of(name, overrides)
+    accelerator = chips.accelerator(accelerator_name)
+    start = time.perf_counter()
+    trainer = run.build(config, accelerator)
+    build_seconds = time.perf_counter() - start
+    shards = accelerator.chips
+    records = []
+    for step in steps:
+        per_chip = 1
+        while per_chip <= max(1, search):
+            record = run.compile_step(trainer, step, per_chip * shards, accelerator)
+            record.pop("parameter_placement", None)
+            record.update(config=f"configs/{name}.py", overrides=overrides,
+                          pairs_per_chip=per_chip, build_seconds=build_seconds)
+            if record.get("cost"):
+                counted = counted_flops(config, record)
+                record["flops_py_slice"] = counted
+                record["compiler_over_flops_py"] = (record["cost"]["flops"] * accelerator.chips
+                                                    / counted)
+            records.append(record)
+            print(run.describe(record), flush=True)
+            if not record["fits"]:
+                break
+            per_chip *= 2
+    return records
+
+
+def table(records: list[dict]) -> str:
+    """The markdown table of the records (compile-time figures)."""
+    lines = ["| config | overrides | type | step | pairs/chip | compile s | GiB/chip (of HBM) | "
+             "fits | FLOPs/chip | FLOPs/byte (ridge) | collectives GiB/chip | roofline ms | "
+             "pairs/s/chip | compiler/flops.py |", "|" + "---|" * 14]
+    for r in records:
+        mem = r["memory_bytes"]
+        cost, roof = r.get("cost"), r.get("roofline")
+        moved = sum(v["bytes"] for v in r.get("collectives", {}).values())
+        lines.append(
+            f"| `{r['config']}` | {' '.join(r['overrides']) or '-'} | {r['accelerator']} | "
+            f"{r['step']} | {r['pairs_per_chip']} | {r['compile_seconds']:.0f} | "
+            f"{(mem['total'] or 0) / GIB:.2f}{'+' if mem.get('at_least') else ''} "
+            f"({r['hbm_bytes'] / GIB:.0f}) | {'yes' if r['fits'] else 'no'} | "
+            + (f"{cost['flops']:.3g} | {roof['intensity_flops_per_byte']:.0f} "
+               f"({roof['ridge_point']:.0f}) | {moved / GIB:.2f} | "
+               f"{roof['step_seconds'] * 1e3:.1f} | {roof['pairs_per_second_per_chip']:.1f} | "
+               f"{r['compiler_over_flops_py']:.2f} |" if cost else "- | - | - | - | - | - |"))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    """The command (module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default="roberta")
+    parser.add_argument("--accelerators", default="v5e-8")
+    parser.add_argument("--steps", default="train,eval")
+    parser.add_argument("--search", type=int, default=0, help="most pairs a chip to try")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+    parser.add_argument("--out", help="JSON file the records are added to")
+    parser.add_argument("--report", help="print the table of this JSON file and stop")
+    args = parser.parse_args(argv)
+    if args.report:
+        print(table(json.loads(Path(args.report).read_text())["records"]))
+        return
+    records = [r for name in args.configs.split(",") for acc in args.accelerators.split(",")
+               for r in measure(name, acc, args.steps.split(","), args.set, args.search)]
+    if args.out:
+        path = Path(args.out)
+        old = json.loads(path.read_text())["records"] if path.exists() else []
+        path.write_text(json.dumps({"compile_time_figures": True, "records": old + records},
+                                   indent=1) + "\n")
+    print(table(records))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
