@@ -18,6 +18,7 @@ ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf1
                  "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _SHAPE = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
 # "%name = SHAPE op(" or "%name = SHAPE op-start(" (asynchronous collectives).
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _INSTRUCTION = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
 
 
@@ -46,6 +47,12 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
         out[match.group(2)]["count"] += 1
         out[match.group(2)]["bytes"] += (sizes[-1] if match.group(3) and sizes else sum(sizes))
     return out
+
+
+def loop_trip_counts(hlo_text: str) -> list[int]:
+    """Trip counts above 1 of the module's while loops (a scanned encoder's layers): XLA's cost
+    analysis counts a loop's body once, so its FLOPs and bytes are then lower bounds."""
+    return sorted(int(n) for n in _TRIP_COUNT.findall(hlo_text) if int(n) > 1)
 
 
 def memory(compiled) -> dict[str, int]:
@@ -90,10 +97,11 @@ def roofline(flops: float, bytes_accessed: float, chip: Chip, pairs: int, chips:
 
 def step_figures(compiled, chip: Chip, pairs: int, chips: int) -> dict[str, Any]:
     """Every compile-time figure of one compiled step (module docstring)."""
-    mem = memory(compiled)
+    mem, text = memory(compiled), compiled.as_text()
     out: dict[str, Any] = {"memory_bytes": mem, "hbm_bytes": chip.hbm_bytes,
                            "fits": mem["total"] <= chip.hbm_bytes,
-                           "collectives": collectives(compiled.as_text())}
+                           "collectives": collectives(text),
+                           "loop_trip_counts": loop_trip_counts(text)}
     analysis = cost(compiled)
     out["cost"] = analysis
     if analysis:

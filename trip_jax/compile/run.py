@@ -32,7 +32,7 @@ LIBTPU_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1",
               "TPU_WORKER_HOSTNAMES": "localhost"}
 # XLA:TPU refuses a program larger than the chip's memory at compile time with this.
 _OUT_OF_MEMORY = re.compile(r"(RESOURCE_EXHAUSTED|[Rr]an out of memory)")
-_USED = re.compile(r"[Uu]sed ([0-9.]+)([KMGT]?)(?:i?B)? of ([0-9.]+)([KMGT]?)(?:i?B)? hbm")
+_NEEDED = re.compile(r"(?:[Uu]sed|memory required for HLO temporaries \()([0-9.]+)([KMGT]?)")
 
 
 class CompileError(ValueError):
@@ -55,8 +55,9 @@ def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
 
 
 def _need_from_error(message: str) -> int | None:
-    """Bytes a chip would need, read off XLA:TPU's out-of-memory message (None if absent)."""
-    match = _USED.search(message)
+    """Bytes XLA:TPU's out-of-memory message says a chip needs ("Used X of Y hbm", or "the total
+    memory required for HLO temporaries (X) exceeds available HBM"); None if it says neither."""
+    match = _NEEDED.search(message)
     if not match:
         return None
     scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
@@ -149,9 +150,14 @@ def compile_step(trainer, step: str, pairs: int, accelerator: chips_lib.Accelera
     except Exception as err:  # XLA's errors have no public type of their own
         if not _OUT_OF_MEMORY.search(str(err)):
             raise
+        needed = _need_from_error(str(err))
+        temporaries = "temporaries" in str(err)
         record.update(compile_seconds=time.perf_counter() - start, fits=False,
                       hbm_bytes=accelerator.chip.hbm_bytes,
-                      memory_bytes={"total": _need_from_error(str(err))},
+                      memory_bytes={"arguments": need,
+                                    "total": need + needed if temporaries and needed else needed,
+                                    "temporaries": needed if temporaries else None,
+                                    "at_least": bool(temporaries)},
                       compiler_message=str(err).strip().splitlines()[0][:500])
         return record
     record["compile_seconds"] = time.perf_counter() - start
@@ -189,7 +195,7 @@ def describe(record: dict[str, Any]) -> str:
              f"compiled in {record['compile_seconds']:.1f} s")
     mem = record["memory_bytes"]
     fit = "fits" if record["fits"] else "DOES NOT FIT"
-    if "temporaries" not in mem:
+    if "generated_code" not in mem:
         least = "at least " if mem.get("at_least") else ""
         return (f"{head}; needs {least}{_gib(mem['total'])} of {_gib(record['hbm_bytes'])} a "
                 f"chip: {fit} [compile-time]")
@@ -198,9 +204,12 @@ def describe(record: dict[str, Any]) -> str:
             f"{_gib(mem['temporaries'])}, code {_gib(mem['generated_code'])})")
     if record.get("cost"):
         c, r = record["cost"], record["roofline"]
+        loops = record.get("loop_trip_counts")
+        once = (f", loop bodies counted once (trip counts {', '.join(map(str, loops))}): lower "
+                "bounds" if loops else "")
         text += (f"; {c['flops']:.3g} FLOPs, {c['bytes_accessed']:.3g} bytes a chip "
                  f"({r['intensity_flops_per_byte']:.0f} FLOPs/byte, ridge "
-                 f"{r['ridge_point']:.0f}: {r['bound']}-bound)")
+                 f"{r['ridge_point']:.0f}: {r['bound']}-bound{once})")
     moved = {k: v for k, v in record["collectives"].items() if v["count"]}
     text += "; collectives " + (", ".join(f"{k} {v['count']} ({_gib(v['bytes'])})"
                                           for k, v in moved.items()) or "none")
