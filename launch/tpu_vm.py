@@ -6,6 +6,7 @@
     python launch/tpu_vm.py run    --name trip --zone us-central2-b \\
         --config configs/roberta.py --workdir gs://BUCKET/trip/roberta \\
         -- --config.train.batch_size=64
+    python launch/tpu_vm.py run    ... --compile-first v4-32 -- ...   # XLA:TPU compile here first
     python launch/tpu_vm.py logs   --name trip --zone us-central2-b
     python launch/tpu_vm.py delete --name trip --zone us-central2-b
 
@@ -15,7 +16,10 @@ installs it there (`pip install jax[tpu]` and `pip install -e .`). run starts
 `python3 -m trip_jax.main` with nohup on every worker at once (--worker=all), logging to a file in
 the remote home; the workers find each other through jax's TPU detection
 (trip_jax.runtime.distributed). The workdir must be a gs:// path: checkpoints of a pod slice are written
-by all hosts to one place. Remote paths are relative to the remote home directory.
+by all hosts to one place. Remote paths are relative to the remote home directory. run
+--compile-first TYPE first compiles the config's steps for TYPE on this machine (trip_jax.main
+--mode=compile, docs/compile.md; needs `pip install -e .[tpu]` here) and starts nothing if they
+do not fit.
 Needs only the Python standard library and gcloud (authenticated, with a default project or
 --project).
 """
@@ -85,15 +89,26 @@ def train_command(args, overrides: list[str]) -> list[str]:
             f"--workdir={args.workdir}", *overrides]
 
 
+def compile_command(args, overrides: list[str]) -> list[str]:
+    """The local compile of ``--compile-first``: the config's steps for that accelerator type,
+    its report in a local workdir."""
+    workdir = Path(tempfile.gettempdir()) / f"trip-jax-compile-{args.name}"
+    return [sys.executable, "-m", "trip_jax.main", f"--config={args.config}",
+            f"--workdir={workdir}", "--mode=compile", f"--topology={args.compile_first}",
+            *overrides]
+
+
 def run_commands(args, overrides: list[str]) -> list[list[str]]:
-    """Start training on all workers at once, detached (nohup), logging to a file."""
+    """Start training on all workers at once, detached (nohup), logging to a file; with
+    ``--compile-first`` the local compile comes first."""
     if not args.workdir.startswith("gs://"):
         raise SystemExit(f"--workdir must be a gs:// path that every worker can write, "
                          f"got {args.workdir!r}")
     train = shlex.join(train_command(args, overrides))
     remote = (f"cd {shlex.quote(args.remote_dir)} && nohup {train}"
               f" > {shlex.quote(args.log)} 2>&1 < /dev/null &")
-    return [_gcloud("ssh", args, [args.name]) + ["--worker=all", f"--command={remote}"]]
+    first = [compile_command(args, overrides)] if args.compile_first else []
+    return first + [_gcloud("ssh", args, [args.name]) + ["--worker=all", f"--command={remote}"]]
 
 
 def logs_commands(args) -> list[list[str]]:
@@ -138,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start trip_jax.main on all workers; pass overrides after --")
     p.add_argument("--config", required=True, help="config file, relative to the code folder")
     p.add_argument("--workdir", required=True, help="gs://BUCKET/...")
+    p.add_argument("--compile-first", metavar="TYPE",
+                   help="compile the steps for this accelerator type here first (v4-32, ...)")
     p = sub.add_parser("logs", parents=[common, log], help="tail one worker's training log")
     p.add_argument("--worker", default="0")
     p.add_argument("--lines", type=int, default=100)
@@ -159,7 +176,13 @@ def main(argv: list[str]) -> None:
     for cmd in commands:
         print(shlex.join(cmd), flush=True)
         if not args.dry_run:
-            subprocess.run(cmd, check=True)
+            # The local compile runs in this checkout; a refusal (its one line) stops here.
+            local = cmd[0] == sys.executable
+            done = subprocess.run(cmd, cwd=REPO_ROOT if local else None)
+            if done.returncode:
+                if local:
+                    raise SystemExit(done.returncode)
+                raise subprocess.CalledProcessError(done.returncode, cmd)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,22 @@ def test_tpu_run_starts_main_on_all_workers_detached():
     assert remote[-6:] == [">", "trip-jax-run.log", "2>&1", "<", "/dev/null", "&"]
 
 
+def test_tpu_run_compiles_here_first_and_stops_on_a_refusal(tmp_path):
+    out = _launch("tpu_vm.py", "run", *TPU, "--config", "configs/tiny.py", "--workdir",
+                  "gs://b/r", "--compile-first", "v5e-8", "--dry-run", "--",
+                  "--config.train.batch_size=8").stdout
+    local, ssh = _commands(out)
+    assert local[1:] == ["-m", "trip_jax.main", "--config=configs/tiny.py", local[4],
+                         "--mode=compile", "--topology=v5e-8", "--config.train.batch_size=8"]
+    assert local[4].startswith("--workdir=") and ssh[4] == "ssh"
+    # A refusal (here: a topology the command does not know, one line, exit 2) starts nothing.
+    env = _fake_tools(tmp_path, "gcloud")
+    refused = _launch("tpu_vm.py", "run", *TPU, "--config", "configs/tiny.py", "--workdir",
+                      "gs://b/r", "--compile-first", "v9-8", env=env, check=False)
+    assert refused.returncode == 2 and "unknown TPU accelerator type 'v9-8'" in refused.stderr
+    assert not (tmp_path / "gcloud.args").exists()
+
+
 def test_tpu_run_refuses_a_local_workdir_and_stray_overrides():
     local = _launch("tpu_vm.py", "run", *TPU, "--config", "c.py", "--workdir", "/tmp/x",
                     "--dry-run", check=False)

@@ -18,6 +18,7 @@ GOOGLE_PCI_VENDOR = "0x1ae0"
 TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
 NVIDIA_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")
 CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
+ROCM_PLUGINS = ("jax_rocm60_plugin", "jax_rocm7_plugin")
 
 
 def installed(module: str) -> bool:
@@ -44,11 +45,13 @@ def tpu_chips(pci_root: str = "/sys/bus/pci/devices") -> int:
 
 def attached_platforms(pci_root: str = "/sys/bus/pci/devices") -> str:
     """The ``JAX_PLATFORMS`` value of what is attached: "tpu,cpu" with a TPU chip, "cuda,cpu"
-    with an NVIDIA GPU and a CUDA plugin installed, else "cpu"."""
+    with an NVIDIA GPU and a CUDA plugin installed ("rocm,cpu" for AMD's), else "cpu"."""
     if tpu_chips(pci_root):
         return "tpu,cpu"
     if any(os.path.exists(p) for p in NVIDIA_DEVICE_FILES) and any(map(installed, CUDA_PLUGINS)):
         return "cuda,cpu"
+    if os.path.exists("/dev/kfd") and any(map(installed, ROCM_PLUGINS)):
+        return "rocm,cpu"
     return "cpu"
 
 
