@@ -139,6 +139,7 @@ def compile_step(trainer, step: str, pairs: int, accelerator: chips_lib.Accelera
     need = argument_bytes(args, placed)
     if need > accelerator.chip.hbm_bytes:  # refused without compiling: the inputs alone
         record.update(compile_seconds=0.0, fits=False, hbm_bytes=accelerator.chip.hbm_bytes,
+                      refused_before_compiling=True,
                       memory_bytes={"arguments": need, "total": need, "at_least": True})
         return record
     start = time.perf_counter()
@@ -191,14 +192,20 @@ def describe(record: dict[str, Any]) -> str:
     mesh = " x ".join(f"{k}={v}" for k, v in record["mesh"].items())
     head = (f"{record['step']} step, {record['pairs']} pairs on {record['accelerator']} "
             f"({record['chips']} x {record['chip']}, mesh {mesh}): ")
-    head += ("refused before compiling" if record["memory_bytes"].get("at_least") else
-             f"compiled in {record['compile_seconds']:.1f} s")
+    if record.get("refused_before_compiling"):
+        head += "refused before compiling"
+    elif record.get("compiler_message"):
+        head += f"XLA:TPU refused it after {record['compile_seconds']:.1f} s"
+    else:
+        head += f"compiled in {record['compile_seconds']:.1f} s"
     mem = record["memory_bytes"]
     fit = "fits" if record["fits"] else "DOES NOT FIT"
     if "generated_code" not in mem:
         least = "at least " if mem.get("at_least") else ""
+        parts = ", ".join(f"{k} {_gib(mem[k])}" for k in ("arguments", "temporaries")
+                          if mem.get(k) is not None)
         return (f"{head}; needs {least}{_gib(mem['total'])} of {_gib(record['hbm_bytes'])} a "
-                f"chip: {fit} [compile-time]")
+                f"chip ({parts}): {fit} [compile-time]")
     text = (f"{head}; per chip {_gib(mem['total'])} of {_gib(record['hbm_bytes'])} ({fit}: "
             f"arguments {_gib(mem['arguments'])}, outputs {_gib(mem['outputs'])}, temporaries "
             f"{_gib(mem['temporaries'])}, code {_gib(mem['generated_code'])})")
