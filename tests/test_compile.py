@@ -169,3 +169,25 @@ def test_an_installed_libtpu_without_a_tpu_is_not_started(monkeypatch, tmp_path)
     monkeypatch.setattr(platforms, "installed", lambda module: False)
     monkeypatch.setattr(platforms, "tpu_chips", lambda root="": 0)
     assert platforms.skip_absent_tpu(environ := {}) is None and environ == {}
+
+
+def test_batch_shapes_bound_the_largest_pair_in_each_layout():
+    from configs import roberta
+    from trip_jax.compile import shapes
+    from trip_jax.config.typed import typed
+
+    exact = typed(roberta.get_config())  # packed_tokens, rows cut at 16, no dedup
+    sizes = shapes.batch_sizes(exact, 8, 4)
+    largest = shapes.LARGEST_PAIR
+    assert sizes["R"] == 8 * largest["rows"] and sizes["K"] == 8 * largest["tracks"]
+    per_piece = 2 * largest["tokens"][16] // (64 - 16 + 1) + 1
+    assert sizes["N"] == 4 * per_piece and sizes["E"] == 27 and sizes["P"] == 64
+    assert sizes["N"] * 64 >= 8 * largest["tokens"][16]  # room for every token
+    dense = roberta.get_config()
+    dense.data.layout, dense.data.entity_padding, dense.data.max_length = "dense", "bucket", 0
+    sizes = shapes.batch_sizes(typed(dense), 2, 2)
+    assert (sizes["E"], sizes["T"]) == (28, 40) and sizes["R"] == 2 * 2 * 28 * 7
+    spec = shapes.batch_spec(typed(dense), 2, 2)
+    assert spec["input_ids"].shape == (sizes["R"], 40) and spec["pre_label"].shape[-1] == 20
+    with pytest.raises(ValueError, match="do not split"):
+        shapes.batch_sizes(exact, 6, 4)
