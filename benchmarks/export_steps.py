@@ -19,6 +19,7 @@ import jax
 from jax import export
 
 from benchmarks.paper_encoders import PAPER_ENCODERS
+from trip_jax.compile.encoders import PUBLISHED
 from trip_jax.config.typed import typed
 from trip_jax.models import builders
 from trip_jax.runtime import sharding
@@ -29,15 +30,8 @@ PLATFORMS = ("cuda", "tpu")
 # from the transformers config class's defaults).
 ENCODERS: dict[str, dict] = {
     "roberta": PAPER_ENCODERS["roberta"],  # roberta-large
-    "t5": dict(  # google/flan-t5-large
-        model_type="t5", vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816, num_layers=24,
-        num_heads=16, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
-    "modernbert": dict(  # answerdotai/ModernBERT-large
-        model_type="modernbert", vocab_size=50368, hidden_size=1024, intermediate_size=2624,
-        num_hidden_layers=28, num_attention_heads=16, global_attn_every_n_layers=3,
-        local_attention=128, max_position_embeddings=8192, pad_token_id=50283,
-        bos_token_id=50281, eos_token_id=50282, cls_token_id=50281, sep_token_id=50282),
+    "t5": PUBLISHED["google/flan-t5-large"],
+    "modernbert": PUBLISHED["answerdotai/ModernBERT-large"],
 }
 # Tokens per row of the exported batch: data.max_length at exact fidelity, the configs' own.
 SEQ_LEN = 16

@@ -12,24 +12,15 @@ import os
 import tempfile
 from pathlib import Path
 
+from trip_jax.compile.encoders import PUBLISHED
+
 # Published hyperparameters of the paper's encoders (their hub config.json files), with
-# the keys that differ from the transformers config class's defaults.
+# the keys that differ from the transformers config class's defaults (kept in
+# trip_jax/compile/encoders.py, which --mode=compile reads).
 PAPER_ENCODERS: dict[str, dict] = {
-    "roberta": dict(  # roberta-large
-        model_type="roberta", vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
-        num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
-        type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0,
-        eos_token_id=2),
-    "bert": dict(  # bert-large-uncased
-        model_type="bert", vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
-        num_attention_heads=16, intermediate_size=4096, max_position_embeddings=512,
-        type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0),
-    "deberta": dict(  # microsoft/deberta-base
-        model_type="deberta", vocab_size=50265, hidden_size=768, num_hidden_layers=12,
-        num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,
-        type_vocab_size=0, layer_norm_eps=1e-7, relative_attention=True,
-        max_relative_positions=-1, pos_att_type="c2p|p2c", position_biased_input=False,
-        pad_token_id=0),
+    "roberta": PUBLISHED["roberta-large"],
+    "bert": PUBLISHED["bert-large-uncased"],
+    "deberta": PUBLISHED["microsoft/deberta-base"],
 }
 
 _TRANSFORMERS_CLASSES = {"roberta": ("RobertaConfig", "RobertaModel"),

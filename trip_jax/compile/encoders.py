@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trip_jax.data import tokenizers
-from trip_jax.models import builders, weights
-
 PUBLISHED: dict[str, dict] = {
     "roberta-large": dict(
         model_type="roberta", vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
@@ -51,6 +48,9 @@ class UnknownEncoder(ValueError):
 def encoder_config(config):
     """The Hugging Face config of ``config.model``'s encoder (module docstring); UnknownEncoder
     (one line) when its sizes are not known here."""
+    from trip_jax.data import tokenizers  # the table above imports nothing (benchmarks read it)
+    from trip_jax.models import builders, weights
+
     name = config.model.encoder
     if not name:
         tokenizer = tokenizers.build_tokenizer(config.model, [])
