@@ -53,9 +53,10 @@ def counted_flops(config, record: dict) -> float:
 
 
 def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[str],
-            search: int) -> list[dict]:
+            search: int, per_chip_list: list[int] | None = None) -> list[dict]:
     """Records of ``steps`` of configs/<name>.py on ``accelerator_name`` at one pair a chip, then
-    (``search`` > 1) at 2, 4, ... up to ``search`` pairs a chip while the step fits."""
+    (``search`` > 1) at 2, 4, ... up to ``search`` pairs a chip while the step fits; or at each
+    of ``per_chip_list`` pairs a chip."""
     config = config_of(name, overrides)
     accelerator = chips.accelerator(accelerator_name)
     start = time.perf_counter()
@@ -64,8 +65,9 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
     shards = accelerator.chips
     records = []
     for step in steps:
-        per_chip = 1
-        while per_chip <= max(1, search):
+        todo = list(per_chip_list or [])
+        per_chip = todo.pop(0) if todo else 1
+        while per_chip <= max(1, search) or per_chip_list:
             record = run.compile_step(trainer, step, per_chip * shards, accelerator)
             record.pop("parameter_placement", None)
             record.update(config=f"configs/{name}.py", overrides=overrides,
@@ -84,6 +86,11 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
                     "pairs_per_second_per_chip": per_chip / seconds}
             records.append(record)
             print(run.describe(record), flush=True)
+            if per_chip_list:
+                if not todo:
+                    break
+                per_chip = todo.pop(0)
+                continue
             if not record["fits"]:
                 break
             per_chip *= 2
@@ -122,6 +129,7 @@ def main(argv=None) -> None:
     parser.add_argument("--accelerators", default="v5e-8")
     parser.add_argument("--steps", default="train,eval")
     parser.add_argument("--search", type=int, default=0, help="most pairs a chip to try")
+    parser.add_argument("--pairs-per-chip", help="these pairs a chip (1,8,...), not a search")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
     parser.add_argument("--out", help="JSON file the records are added to")
     parser.add_argument("--report", help="print the table of this JSON file and stop")
@@ -130,12 +138,13 @@ def main(argv=None) -> None:
         print(table(json.loads(Path(args.report).read_text())["records"]))
         return
     records = [r for name in args.configs.split(",") for acc in args.accelerators.split(",")
-               for r in measure(name, acc, args.steps.split(","), args.set, args.search)]
+               for r in measure(name, acc, args.steps.split(","), args.set, args.search,
+                                [int(n) for n in (args.pairs_per_chip or "").split(",") if n])]
     if args.out:
         path = Path(args.out)
         old = json.loads(path.read_text())["records"] if path.exists() else []
-        path.write_text(json.dumps({"compile_time_figures": True, "records": old + records},
-                                   indent=1) + "\n")
+        path.write_text(json.dumps({"compile_time_figures": True, "records": old + records,
+                                    "markdown": table(old + records)}, indent=1) + "\n")
     print(table(records))
 
 
