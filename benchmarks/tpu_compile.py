@@ -53,10 +53,12 @@ def counted_flops(config, record: dict) -> float:
 
 
 def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[str],
-            search: int, per_chip_list: list[int] | None = None) -> list[dict]:
+            search: int, per_chip_list: list[int] | None = None, out: str | None = None
+            ) -> list[dict]:
     """Records of ``steps`` of configs/<name>.py on ``accelerator_name`` at one pair a chip, then
     (``search`` > 1) at 2, 4, ... up to ``search`` pairs a chip while the step fits; or at each
-    of ``per_chip_list`` pairs a chip."""
+    of ``per_chip_list`` pairs a chip; each record is added to the JSON file ``out`` (``save``)
+    as soon as it is made."""
     config = config_of(name, overrides)
     accelerator = chips.accelerator(accelerator_name)
     start = time.perf_counter()
@@ -86,6 +88,8 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
                     "pairs_per_second_per_chip": per_chip / seconds}
             records.append(record)
             print(run.describe(record), flush=True)
+            if out:
+                save(out, [record])
             if per_chip_list:
                 if not todo:
                     break
@@ -95,6 +99,14 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
                 break
             per_chip *= 2
     return records
+
+
+def save(path: str, records: list[dict]) -> None:
+    """Adds ``records`` to the JSON file ``path`` (its table rewritten)."""
+    file = Path(path)
+    old = json.loads(file.read_text())["records"] if file.exists() else []
+    file.write_text(json.dumps({"compile_time_figures": True, "records": old + records,
+                                "markdown": table(old + records)}, indent=1) + "\n")
 
 
 def table(records: list[dict]) -> str:
@@ -137,14 +149,12 @@ def main(argv=None) -> None:
     if args.report:
         print(table(json.loads(Path(args.report).read_text())["records"]))
         return
-    records = [r for name in args.configs.split(",") for acc in args.accelerators.split(",")
-               for r in measure(name, acc, args.steps.split(","), args.set, args.search,
-                                [int(n) for n in (args.pairs_per_chip or "").split(",") if n])]
-    if args.out:
-        path = Path(args.out)
-        old = json.loads(path.read_text())["records"] if path.exists() else []
-        path.write_text(json.dumps({"compile_time_figures": True, "records": old + records,
-                                    "markdown": table(old + records)}, indent=1) + "\n")
+    records = []
+    for name in args.configs.split(","):
+        for acc in args.accelerators.split(","):
+            records += measure(name, acc, args.steps.split(","), args.set, args.search,
+                               [int(n) for n in (args.pairs_per_chip or "").split(",") if n],
+                               out=args.out)
     print(table(records))
 
 
