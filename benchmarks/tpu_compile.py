@@ -60,7 +60,7 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
     of ``per_chip_list`` pairs a chip; each record is added to the JSON file ``out`` (``save``)
     as soon as it is made."""
     config = config_of(name, overrides)
-    accelerator = chips.accelerator(accelerator_name)
+    accelerator = run.on_devices(chips.accelerator(accelerator_name))
     start = time.perf_counter()
     trainer = run.build(config, accelerator)
     build_seconds = time.perf_counter() - start

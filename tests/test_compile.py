@@ -94,6 +94,16 @@ def test_bad_compile_flags_are_one_line(run_main, tmp_path, flags, says):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_v4_slice_is_compiled_for_its_tensorcores():
+    from trip_jax.compile import run
+
+    v4 = run.on_devices(chips.accelerator("v4-8"))
+    assert v4.chips == 8 and v4.chip.device_kind == "TPU v4 TensorCore"
+    assert v4.chip.hbm_bytes == 16 * 2 ** 30 and v4.chip.peak_flops == 275e12 / 2
+    v5e = chips.accelerator("v5e-8")
+    assert run.on_devices(v5e) == v5e
+
+
 def test_without_libtpu_the_command_says_so(monkeypatch):
     from trip_jax.compile import run
 
@@ -191,3 +201,16 @@ def test_batch_shapes_bound_the_largest_pair_in_each_layout():
     assert spec["input_ids"].shape == (sizes["R"], 40) and spec["pre_label"].shape[-1] == 20
     with pytest.raises(ValueError, match="do not split"):
         shapes.batch_sizes(exact, 6, 4)
+
+
+def test_the_committed_compile_table_is_its_records_and_the_readmes():
+    from benchmarks import tpu_compile
+
+    repo = Path(__file__).resolve().parents[1]
+    result = json.loads((repo / "benchmarks" / "results" / "tpu_compile.json").read_text())
+    assert result["compile_time_figures"] is True
+    assert result["markdown"] == tpu_compile.table(result["records"])
+    assert result["markdown"] in (repo / "benchmarks" / "README.md").read_text()
+    for record in result["records"]:
+        assert chips.accelerator(record["accelerator"]).chips == record["chips"]
+        assert record["fits"] == (record["memory_bytes"]["total"] <= record["hbm_bytes"])

@@ -7,6 +7,7 @@ devices and abstract shapes, and compiles them; ``run`` prints one line a step, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -54,6 +55,22 @@ def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
     return tuple(topologies.get_topology_desc(accelerator.topology, "tpu").devices)
 
 
+def on_devices(accelerator: chips_lib.Accelerator) -> chips_lib.Accelerator:
+    """``accelerator`` as its topology's JAX devices: libtpu describes a v4 slice with one
+    device per TensorCore (8 for v4-8), each with its share of the chip's HBM, bandwidth and
+    peak; other chips have one device a chip and are returned as they are."""
+    devices = len(topology_devices(accelerator))
+    if devices == accelerator.chips:
+        return accelerator
+    share = devices // accelerator.chips
+    chip = accelerator.chip
+    core = dataclasses.replace(chip, device_kind=f"{chip.device_kind} TensorCore",
+                               peak_flops=chip.peak_flops / share,
+                               hbm_bytes=chip.hbm_bytes // share,
+                               hbm_bandwidth=chip.hbm_bandwidth / share)
+    return dataclasses.replace(accelerator, chip=core, chips=devices)
+
+
 def _need_from_error(message: str) -> int | None:
     """Bytes XLA:TPU's out-of-memory message says a chip needs ("Used X of Y hbm", or "the total
     memory required for HLO temporaries (X) exceeds available HBM"); None if it says neither."""
@@ -99,7 +116,8 @@ def argument_bytes(args, shardings) -> int:
 
 def build(config, accelerator: chips_lib.Accelerator):
     """The trainer training would build for ``config`` on ``accelerator``'s devices (a
-    one-step optimizer schedule: its shape does not depend on the step count)."""
+    one-step optimizer schedule: its shape does not depend on the step count); compile its
+    steps for ``on_devices(accelerator)``."""
     devices = topology_devices(accelerator)
     try:
         mesh = sharding.create_mesh(config.mesh, devices)
@@ -172,6 +190,7 @@ def compile_steps(config, accelerator: chips_lib.Accelerator, steps=("train", "e
     """``compile_step`` of each of ``steps`` at the config's batch sizes (train.batch_size;
     train.eval_batch_size rounded up to the mesh as evaluation does), up to the first that
     does not fit."""
+    accelerator = on_devices(accelerator)
     trainer = build(config, accelerator)
     pairs = {"train": config.train.batch_size,
              "eval": eval_batch_size(config.train.eval_batch_size, trainer.mesh)}
