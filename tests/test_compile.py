@@ -104,6 +104,19 @@ def test_a_v4_slice_is_compiled_for_its_tensorcores():
     assert run.on_devices(v5e) == v5e
 
 
+def test_a_mesh_that_splits_the_torus_is_built():
+    # v5e-256 is a 16x16 torus: data=32 x fsdp=8 splits its sides (mesh_utils refuses that
+    # unless asked); training's create_mesh builds it.
+    import ml_collections
+
+    from trip_jax.compile import run
+    from trip_jax.runtime import sharding
+
+    devices = run.topology_devices(chips.accelerator("v5e-256"))
+    mesh = sharding.create_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 8}), devices)
+    assert dict(mesh.shape) == {"data": 32, "fsdp": 8} and mesh.devices.size == 256
+
+
 def test_without_libtpu_the_command_says_so(monkeypatch):
     from trip_jax.compile import run
 

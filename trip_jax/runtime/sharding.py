@@ -40,10 +40,17 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int]:
 
 
 def create_mesh(mesh_config, devices=None) -> Mesh:
-    """Returns the ("data", "fsdp") mesh of ``mesh_config`` (sizes; one of them may be -1)."""
+    """Returns the ("data", "fsdp") mesh of ``mesh_config`` (sizes; one of them may be -1) over
+    ``devices`` (default: all), laid out on the TPU torus by ``mesh_utils``."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(mesh_config, len(devices))
-    return Mesh(mesh_utils.create_device_mesh(shape, devices), MESH_AXES)
+    try:
+        grid = mesh_utils.create_device_mesh(shape, devices)
+    except NotImplementedError:
+        # A TPU torus whose sides do not multiply into the mesh's (v5e-256, 16x16, as 32 x 8):
+        # the axes then split physical ones (found by --mode=compile, docs/compile.md).
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES)
 
 
 def batch_shards(axis_sizes) -> int:
