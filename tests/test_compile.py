@@ -152,6 +152,23 @@ def test_collectives_are_counted_with_their_result_bytes():
     assert found["reduce-scatter"] == {"count": 1, "bytes": 16}
 
 
+def test_loop_trip_counts_are_read_off_the_loop_conditions():
+    # XLA:TPU's text of a 24-step lax.scan (its cost analysis counts the body once).
+    hlo = "\n".join([
+        "%cond.4 (arg: (s32[], f32[8])) -> pred[] {",
+        "  %constant.14 = s32[]{:T(128)} constant(24)",
+        "  %gte = s32[]{:T(128)} get-tuple-element(%arg), index=0",
+        "  ROOT %lt.0 = pred[]{:T(512)} compare(%gte, %constant.14), direction=LT",
+        "}",
+        "ENTRY %main {",
+        "  %while = (s32[]{:T(128)}, f32[8]{0}) while(%tuple.13), condition=%cond.4, body=%b.3",
+        '  %w2 = (s32[]) while(%t), condition=%c, body=%b, backend_config={"known_trip_count":'
+        '{"n":"6"}}',
+        "}",
+    ])
+    assert figures.loop_trip_counts(hlo) == [6, 24]
+
+
 def test_roofline_is_the_slower_of_compute_and_memory():
     chip = chips.CHIPS["v5e"]
     compute_bound = figures.roofline(chip.peak_flops, chip.hbm_bandwidth / 1000, chip, 8, 8)

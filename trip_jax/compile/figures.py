@@ -18,6 +18,8 @@ ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf1
                  "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _SHAPE = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
 # "%name = SHAPE op(" or "%name = SHAPE op-start(" (asynchronous collectives).
+_CONDITION = re.compile(r"\bwhile\(.*?condition=%?([\w.\-]+)")
+_INT_CONSTANT = re.compile(r"= s32\[\]\S* constant\((\d+)\)")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _INSTRUCTION = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
 
@@ -50,9 +52,16 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
 
 
 def loop_trip_counts(hlo_text: str) -> list[int]:
-    """Trip counts above 1 of the module's while loops (a scanned encoder's layers): XLA's cost
-    analysis counts a loop's body once, so its FLOPs and bytes are then lower bounds."""
-    return sorted(int(n) for n in _TRIP_COUNT.findall(hlo_text) if int(n) > 1)
+    """Trip counts above 1 of the module's while loops (a scanned encoder's layers), read off
+    each loop's condition (``i < N``: its integer constant) or XLA's ``known_trip_count``: XLA's
+    cost analysis counts a loop's body once, so its FLOPs and bytes are then lower bounds."""
+    counts = [int(n) for n in _TRIP_COUNT.findall(hlo_text)]
+    for condition in _CONDITION.findall(hlo_text):
+        block = re.search(rf"^%?{re.escape(condition)} \(.*?^}}", hlo_text, re.M | re.S)
+        found = _INT_CONSTANT.findall(block.group(0)) if block else []
+        if found:
+            counts.append(max(int(n) for n in found))
+    return sorted(n for n in counts if n > 1)
 
 
 def memory(compiled) -> dict[str, int]:
