@@ -102,6 +102,7 @@ def test_a_v4_slice_is_compiled_for_its_tensorcores():
     assert v4.chip.hbm_bytes == 16 * 2 ** 30 and v4.chip.peak_flops == 275e12 / 2
     v5e = chips.accelerator("v5e-8")
     assert run.on_devices(v5e) == v5e
+    assert [len(run.topology_devices(chips.accelerator(n))) for n in ("v5e-1", "v6e-2")] == [1, 2]
 
 
 def test_a_mesh_that_splits_the_torus_is_built():

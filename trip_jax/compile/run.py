@@ -52,7 +52,11 @@ def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
         os.environ.setdefault(key, value)
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator.topology.split(":")[0] + "-1")
     from jax.experimental import topologies
-    return tuple(topologies.get_topology_desc(accelerator.topology, "tpu").devices)
+    sides = [int(n) for n in accelerator.topology.split(":")[1].split("x")]
+    options = {}
+    if len(sides) == 2 and min(sides) < 2:  # a slice smaller than libtpu's 2x2 host
+        options["chips_per_host_bounds"] = [min(side, 2) for side in sides] + [1]
+    return tuple(topologies.get_topology_desc(accelerator.topology, "tpu", **options).devices)
 
 
 def on_devices(accelerator: chips_lib.Accelerator) -> chips_lib.Accelerator:
