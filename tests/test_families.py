@@ -27,7 +27,8 @@ _MAY_NAME = ("trip_jax/models/families/", "trip_jax/models/registry.py",
 TINY = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=32, max_position_embeddings=32, pad_token_id=1)
 _CONFIGS = {"bert": transformers.BertConfig, "roberta": transformers.RobertaConfig,
-            "deberta": transformers.DebertaConfig, "deberta-v2": transformers.DebertaV2Config}
+            "deberta": transformers.DebertaConfig, "deberta-v2": transformers.DebertaV2Config,
+            "mpnet": transformers.MPNetConfig}
 
 
 def test_each_model_type_has_one_family_and_the_readers_agree():

@@ -27,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("data.schema",),
     ("models.registry", "models.contract", "models.families", "models.bert", "models.deberta",
-     "models.layer_stack", "models.segments", "models.activations"),
+     "models.layer_stack", "models.segments", "models.activations", "models.relative_positions"),
     ("config",),
     ("cli", "runtime.terminal"),
     ("runtime",),

