@@ -93,18 +93,43 @@ def test_too_few_buckets_is_refused():
         build_encoder(config).init(jax.random.key(0), ids, ids)
 
 
-def test_the_tiered_model_trains_end_to_end_at_tiny_size(tiny_config, tmp_path):
+@pytest.fixture(scope="module")
+def mpnet_run(tiny_config, tmp_path_factory, compilation_cache):
+    """A finished tiny run of a random MPNet encoder (configs/tiny.py otherwise)."""
+    workdir = tmp_path_factory.mktemp("mpnet_run")
     config = tiny_config()
     config.train.num_epochs = 1
-    config.data.protocol = "dev_all"
     config.model.random_encoder.model_type = "mpnet"
     config.model.tokenizer = "word_level:roberta"
-    train.train_and_evaluate(config, str(tmp_path))
-    saved = json.loads((tmp_path / "encoder_config.json").read_text())
+    train.train_and_evaluate(config, str(workdir))
+    return workdir
+
+
+def test_the_tiered_model_trains_end_to_end_at_tiny_size(mpnet_run):
+    saved = json.loads((mpnet_run / "encoder_config.json").read_text())
     assert saved["model_type"] == "mpnet" and saved["relative_attention_num_buckets"] == 32
-    log = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (mpnet_run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in log if r["split"] == "train"]
     assert steps and all(np.isfinite(r["loss/total"]) and r["grad_norm"] > 0 for r in steps)
+
+
+def test_an_ensemble_mixes_families_and_tokenizers(mpnet_run, trained_workdir, tiny_config,
+                                                   tmp_path):
+    from trip_jax.evaluation import ensemble, evaluate, metrics
+    from trip_jax.training import checkpoints
+    members = [str(mpnet_run), str(trained_workdir)]
+    result = ensemble.evaluate_ensemble(tiny_config(), tmp_path, members)
+    assert [m["name"] for m in result["members"]] == [
+        "random mpnet (paper, seed 22)", "random bert (paper, seed 22)"]
+    for member, facts in zip(members, result["members"]):
+        own = evaluate.evaluate_checkpoint(checkpoints.saved_run_config(member), member)
+        own = own["metrics"]
+        assert all(facts["metrics"][k] == own[k] for k in metrics.TIER_METRICS), member
+    records = [json.loads(line) for line in
+               result["paths"]["predictions"].read_text().splitlines()]
+    assert len(records) == result["metrics"]["num_pairs"] and all(
+        [v["name"] for v in r["members"]] == [m["name"] for m in result["members"]]
+        for r in records)
 
 
 def test_configs_mpnet_names_the_hub_model_and_the_tuned_recipe():
