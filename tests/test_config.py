@@ -16,7 +16,7 @@ from trip_jax.config import fields, migrate, sections
 from trip_jax.config.messages import ConfigError
 from trip_jax.config.typed import as_dict, replace, typed
 from trip_jax.data import features, readers
-from trip_jax.models import encoders, tiered
+from trip_jax.models import registry, tiered
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Saved configs of every version: the committed runs (results/archive/ aside, which no test reads)
@@ -46,7 +46,7 @@ def test_the_schema_declares_choices_and_ranges():
     ("data.token_types", features.TOKEN_TYPES),
     ("data.entity_padding", layouts.ENTITY_PADDINGS),
     ("model.dtype", tuple(builders.DTYPES)),
-    ("model.random_encoder.model_type", encoders.SUPPORTED_MODEL_TYPES),
+    ("model.random_encoder.model_type", registry.MODEL_TYPES),
     ("model.tiered.detector_activation", tuple(sorted(tiered._ACTIVATIONS))),
     ("train.optimizer", optimizers.OPTIMIZERS),
     ("train.schedule", optimizers.SCHEDULES),

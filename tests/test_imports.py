@@ -26,8 +26,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # at the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("data.schema",),
-    ("models.registry", "models.contract", "models.families", "models.bert", "models.deberta",
-     "models.layer_stack", "models.segments", "models.activations", "models.relative_positions"),
+    ("models.registry", "models.contract", "models.families", "models.layer_stack",
+     "models.segments", "models.activations", "models.relative_positions"),
     ("config",),
     ("cli", "runtime.terminal"),
     ("runtime",),

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import encoder_parity as parity  # noqa: E402
 from trip_jax import train  # noqa: E402
 from trip_jax.models import registry, weights  # noqa: E402
-from trip_jax.models.encoders import build_encoder  # noqa: E402
+from trip_jax.models.registry import build_encoder  # noqa: E402
 from trip_jax.models.families import mpnet  # noqa: E402
 from trip_jax.runtime import hub, pypi_copies  # noqa: E402
 

@@ -18,9 +18,9 @@ transformers = pytest.importorskip("transformers")
 
 from trip_jax.models import weights  # noqa: E402
 from trip_jax.models import registry  # noqa: E402
-from trip_jax.models.bert import position_ids  # noqa: E402
-from trip_jax.models.deberta import relative_layout  # noqa: E402
-from trip_jax.models.encoders import build_encoder  # noqa: E402
+from trip_jax.models.segments import position_ids  # noqa: E402
+from trip_jax.models.families.deberta import relative_layout  # noqa: E402
+from trip_jax.models.registry import build_encoder  # noqa: E402
 from trip_jax.models.segments import segment_attention_mask, segment_positions  # noqa: E402
 
 TOL = 1e-5

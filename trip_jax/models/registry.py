@@ -1,13 +1,14 @@
 """The registry of encoder families: the one list the rest of the package reads.
 
 ``UNITS`` names each unit of ``trip_jax/models/families/`` and the model types it serves, read
-without importing a unit (the config's choices stay free of jax); ``families()`` imports them
-(``contract.Family``). Adding a family: docs/reference.md#adding-an-encoder-family.
+without importing a unit (the config's choices stay free of jax); ``families()`` imports them by
+name, ``build_encoder`` builds one. Adding a family: docs/reference.md#adding-an-encoder-family.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 from trip_jax.models.contract import Family, TokenizerStyle
 
@@ -24,12 +25,9 @@ MODEL_TYPES: tuple[str, ...] = tuple(t for types in UNITS.values() for t in type
 def families() -> tuple[Family, ...]:
     """Every unit's ``FAMILY``, in ``UNITS`` order; ValueError naming a unit whose name or
     model types differ from its ``UNITS`` entry."""
-    from trip_jax.models.families import bert, deberta, modernbert, mpnet, roberta, t5
-    modules = {"bert": bert, "roberta": roberta, "deberta": deberta, "t5": t5,
-               "modernbert": modernbert, "mpnet": mpnet}
     out = []
     for name, types in UNITS.items():
-        family = modules[name].FAMILY
+        family = importlib.import_module(f"trip_jax.models.families.{name}").FAMILY
         if (family.name, family.model_types) != (name, types):
             raise ValueError(f"trip_jax/models/families/{name}.py: FAMILY is "
                              f"{family.name!r} serving {family.model_types}; registry.UNITS "
@@ -54,3 +52,18 @@ def family_of(model_type: str | None) -> Family:
             return family
     raise ValueError(f"unsupported encoder architecture model_type={model_type!r}; "
                      f"supported: {', '.join(MODEL_TYPES)}")
+
+
+def build_encoder(hf_config, *, dtype=None, remat: bool = False, unroll: bool = False):
+    """The Flax encoder module (``contract.Encoder``) of ``hf_config`` (a transformers config).
+
+    ``dtype`` is the compute dtype (default float32; parameters stay float32); ``remat``
+    rematerialises each layer in the backward pass; ``unroll`` unrolls the layers' scan.
+    ValueError for a model_type no family serves, or an option its family lacks.
+    """
+    family = family_of(getattr(hf_config, "model_type", None))
+    for option, wanted in (("remat", remat), ("unroll", unroll)):
+        if wanted and not getattr(family.capabilities, option):
+            raise ValueError(f"model.{option}: the {family.name} encoder does not support it")
+    dtype = {} if dtype is None else {"dtype": dtype}  # None: the module's own, float32
+    return family.build(hf_config, remat=remat, unroll=unroll, **dtype)

@@ -15,11 +15,12 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from trip_jax.models import layer_stack
-from trip_jax.models.bert import (BertIntermediate, BertResidualOutput, _dense, _embed,
-                                  _layer_norm, attention_bias, position_ids)
 from trip_jax.models.contract import Capabilities, Family
 from trip_jax.models.families import bert, roberta
+from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput, _dense, _embed,
+                                           _layer_norm)
 from trip_jax.models.relative_positions import bias_from_table, relative_position_buckets
+from trip_jax.models.segments import attention_bias, position_ids
 
 # Hugging Face's MPNet hard-codes these: the padding index of both embeddings (positions count
 # from it + 1) and the bucketing of the shared relative-attention table.

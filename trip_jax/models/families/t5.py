@@ -15,9 +15,9 @@ from flax import linen as nn
 
 from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
-from trip_jax.models.bert import attention_bias
 from trip_jax.models.contract import (Capabilities, Checkpoint, Family, LayerLayout,
                                       TokenizerStyle)
+from trip_jax.models.segments import attention_bias
 from trip_jax.models.relative_positions import bias_from_table, relative_position_buckets
 
 # Hugging Face keeps the one relative-attention table in block 0; here it is the stack's own.
