@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 import encoder_parity as parity  # noqa: E402
 from trip_jax import train  # noqa: E402
-from trip_jax.models import registry, weights  # noqa: E402
+from trip_jax.models import registry, relative_positions, weights  # noqa: E402
 from trip_jax.models.registry import build_encoder  # noqa: E402
 from trip_jax.models.families import mpnet  # noqa: E402
 from trip_jax.runtime import hub, pypi_copies  # noqa: E402
@@ -44,7 +44,8 @@ def test_buckets_equal_hugging_faces():
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
     rel = torch.arange(300)[None, :] - torch.arange(300)[:, None]
     theirs = MPNetEncoder.relative_position_bucket(rel).numpy()
-    ours = mpnet.relative_position_buckets(300, mpnet.NUM_BUCKETS, mpnet.MAX_DISTANCE)
+    ours = relative_positions.relative_position_buckets(300, mpnet.NUM_BUCKETS,
+                                                        mpnet.MAX_DISTANCE)
     np.testing.assert_array_equal(ours, theirs)
 
 

@@ -1,7 +1,8 @@
 """Relative-position buckets of the families that bias attention by distance (T5, MPNet).
 
-``relative_position_buckets`` gives each (query, key) pair its bucket, ``bias_from_table`` the
-additive bias [1, heads, T, T]; within a packed row (a contiguous run) distances are the row's own.
+``relative_position_buckets`` gives each (query, key) pair its bucket, ``RelativeAttentionBias``
+the learned additive bias [1, heads, T, T]; within a packed row (a contiguous run) distances are
+the row's own.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 def relative_position_buckets(length: int, num_buckets: int, max_distance: int) -> np.ndarray:
     """int32 [length, length]: the bidirectional bucket of key k seen from query q (distance
@@ -28,6 +30,20 @@ def relative_position_buckets(length: int, num_buckets: int, max_distance: int) 
     return (buckets + np.where(distance < exact, distance, large)).astype(np.int32)
 
 
-def bias_from_table(table: jax.Array, buckets: np.ndarray) -> jax.Array:
-    """float32 [1, heads, T, T]: ``table`` [num_buckets, heads] at ``buckets`` [T, T]."""
-    return jnp.moveaxis(table[buckets], -1, 0)[None].astype(jnp.float32)
+class RelativeAttentionBias(nn.Module):
+    """One learned table [rows, heads] (parameter ``embedding``, float32) looked up at the
+    buckets of ``relative_position_buckets(T, num_buckets, max_distance)``: called with T, the
+    additive attention bias [1, heads, T, T] in float32."""
+
+    rows: int
+    heads: int
+    num_buckets: int
+    max_distance: int
+    init_std: float
+
+    @nn.compact
+    def __call__(self, length: int) -> jax.Array:
+        table = self.param("embedding", nn.initializers.normal(self.init_std),
+                           (self.rows, self.heads), jnp.float32)
+        buckets = relative_position_buckets(length, self.num_buckets, self.max_distance)
+        return jnp.moveaxis(table[buckets], -1, 0)[None]

@@ -72,10 +72,16 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head scaled dot-product self-attention; attention logits and softmax in float32."""
+    """Multi-head scaled dot-product self-attention; attention logits and softmax in float32.
+
+    ``names``: the query, key and value projections' names; ``output``: the name of an output
+    projection applied here (MPNet's ``o``), or None (BERT's sits in ``BertResidualOutput``).
+    """
 
     config: Any
     dtype: Any = jnp.float32
+    names: tuple[str, str, str] = ("query", "key", "value")
+    output: str | None = None
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
@@ -83,14 +89,15 @@ class BertSelfAttention(nn.Module):
         heads = cfg.num_attention_heads
         head_dim = cfg.hidden_size // heads
         split = lambda h: h.reshape(h.shape[:-1] + (heads, head_dim))
-        query = split(_dense(cfg, cfg.hidden_size, self.dtype, "query")(x))
-        key = split(_dense(cfg, cfg.hidden_size, self.dtype, "key")(x))
-        value = split(_dense(cfg, cfg.hidden_size, self.dtype, "value")(x))
+        query, key, value = (split(_dense(cfg, cfg.hidden_size, self.dtype, name)(x))
+                             for name in self.names)
         logits = jnp.einsum("nqhd,nkhd->nhqk", query, key, preferred_element_type=jnp.float32)
         probs = jax.nn.softmax(logits * head_dim ** -0.5 + bias, axis=-1)
         probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
         out = jnp.einsum("nhqk,nkhd->nqhd", probs.astype(self.dtype), value)
-        return out.reshape(out.shape[:-2] + (cfg.hidden_size,))
+        out = out.reshape(out.shape[:-2] + (cfg.hidden_size,))
+        return out if self.output is None else _dense(cfg, cfg.hidden_size, self.dtype,
+                                                      self.output)(out)
 
 
 class BertResidualOutput(nn.Module):

@@ -17,9 +17,9 @@ from flax import linen as nn
 from trip_jax.models import layer_stack
 from trip_jax.models.contract import Capabilities, Family
 from trip_jax.models.families import bert, roberta
-from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput, _dense, _embed,
-                                           _layer_norm)
-from trip_jax.models.relative_positions import bias_from_table, relative_position_buckets
+from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput,
+                                           BertSelfAttention, _embed, _layer_norm)
+from trip_jax.models.relative_positions import RelativeAttentionBias
 from trip_jax.models.segments import attention_bias, position_ids
 
 # Hugging Face's MPNet hard-codes these: the padding index of both embeddings (positions count
@@ -39,39 +39,17 @@ def _check_config(config) -> None:
                          f"num_attention_heads={config.num_attention_heads}")
 
 
-class MPNetSelfAttention(nn.Module):
-    """Hugging Face's ``attn``: q, k, v, scaled logits plus the summed bias (relative positions
-    and mask) in float32, softmax, dropout, then the output projection ``o``."""
-
-    config: Any
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x, bias, deterministic: bool):
-        cfg = self.config
-        heads = cfg.num_attention_heads
-        head_dim = cfg.hidden_size // heads
-        split = lambda h: h.reshape(h.shape[:-1] + (heads, head_dim))
-        query = split(_dense(cfg, cfg.hidden_size, self.dtype, "q")(x))
-        key = split(_dense(cfg, cfg.hidden_size, self.dtype, "k")(x))
-        value = split(_dense(cfg, cfg.hidden_size, self.dtype, "v")(x))
-        logits = jnp.einsum("nqhd,nkhd->nhqk", query, key, preferred_element_type=jnp.float32)
-        probs = jax.nn.softmax(logits * head_dim ** -0.5 + bias, axis=-1)
-        probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
-        out = jnp.einsum("nhqk,nkhd->nqhd", probs.astype(self.dtype), value)
-        return _dense(cfg, cfg.hidden_size, self.dtype, "o")(
-            out.reshape(out.shape[:-2] + (cfg.hidden_size,)))
-
-
 class MPNetAttention(nn.Module):
-    """``attn``, dropout, then ``LayerNorm`` of the residual sum."""
+    """``attn`` (q, k, v, the scaled logits plus the summed bias, o), dropout, then
+    ``LayerNorm`` of the residual sum."""
 
     config: Any
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
-        h = MPNetSelfAttention(self.config, self.dtype, name="attn")(x, bias, deterministic)
+        h = BertSelfAttention(self.config, self.dtype, ("q", "k", "v"), "o", name="attn")(
+            x, bias, deterministic)
         h = nn.Dropout(self.config.hidden_dropout_prob)(h, deterministic=deterministic)
         return _layer_norm(self.config, self.dtype)(h + x)
 
@@ -102,14 +80,13 @@ class MPNetTransformer(nn.Module):
     @nn.compact
     def __call__(self, x, mask_bias, deterministic: bool):
         cfg = self.config
-        table = nn.Embed(cfg.relative_attention_num_buckets, cfg.num_attention_heads,
-                         param_dtype=jnp.float32, name="relative_attention_bias",
-                         embedding_init=nn.initializers.normal(cfg.initializer_range)).embedding
-        buckets = relative_position_buckets(x.shape[1], NUM_BUCKETS, MAX_DISTANCE)
+        bias = RelativeAttentionBias(
+            cfg.relative_attention_num_buckets, cfg.num_attention_heads, NUM_BUCKETS,
+            MAX_DISTANCE, cfg.initializer_range, name="relative_attention_bias")(x.shape[1])
         layers = layer_stack.scanned(MPNetLayer, length=cfg.num_hidden_layers, remat=self.remat,
                                      unroll=self.unroll)
         x, _ = layers(cfg, self.dtype, deterministic, name="layer")(
-            x, bias_from_table(table, buckets) + mask_bias)
+            x, bias + mask_bias)
         return x
 
 

@@ -18,7 +18,7 @@ from trip_jax.models.activations import get_activation
 from trip_jax.models.contract import (Capabilities, Checkpoint, Family, LayerLayout,
                                       TokenizerStyle)
 from trip_jax.models.segments import attention_bias
-from trip_jax.models.relative_positions import bias_from_table, relative_position_buckets
+from trip_jax.models.relative_positions import RelativeAttentionBias
 
 # Hugging Face keeps the one relative-attention table in block 0; here it is the stack's own.
 _TABLE_IN_BLOCK_0 = ("encoder", "block", "0", "layer", "0", "SelfAttention",
@@ -146,13 +146,11 @@ class T5Stack(nn.Module):
     @nn.compact
     def __call__(self, x, mask_bias, deterministic: bool):
         cfg = self.config
-        table = nn.Embed(cfg.relative_attention_num_buckets, cfg.num_heads, param_dtype=jnp.float32,
-                         embedding_init=nn.initializers.normal(
-                             cfg.initializer_factor * cfg.d_model ** -0.5),
-                         name="relative_attention_bias").embedding
-        buckets = relative_position_buckets(x.shape[1], cfg.relative_attention_num_buckets,
-                                            cfg.relative_attention_max_distance)
-        bias = bias_from_table(table, buckets) + mask_bias
+        buckets = cfg.relative_attention_num_buckets
+        bias = RelativeAttentionBias(
+            buckets, cfg.num_heads, buckets, cfg.relative_attention_max_distance,
+            cfg.initializer_factor * cfg.d_model ** -0.5, name="relative_attention_bias")(
+            x.shape[1]) + mask_bias
         layers = layer_stack.scanned(T5Block, length=cfg.num_layers, remat=self.remat,
                                      unroll=self.unroll)
         x, _ = layers(cfg, self.dtype, deterministic, name="block")(x, bias)
