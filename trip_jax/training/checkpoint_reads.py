@@ -27,7 +27,22 @@ class CheckpointError(RuntimeError):
 
 class DamagedCheckpointError(CheckpointError):
     """A checkpoint's files cannot be read, or its arrays or metadata differ from the checksums
-    recorded when it was saved."""
+    recorded when it was saved. Its message is one line whatever text went into it (line breaks
+    and runs of spaces become one space)."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+# The most characters of a name read off a damaged checkpoint or an error's text shown.
+NAME_LIMIT = 160
+
+
+def one_line(text: str, limit: int = NAME_LIMIT) -> str:
+    """``text`` on one line (whitespace runs -> one space), cut to ``limit`` characters with
+    "..." (a name read off damaged files can be anything)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # In TensorStore's messages (which name neither clearly nor briefly): the array being read
@@ -52,12 +67,12 @@ def unreadable_part(err: BaseException, where: epath.Path, items) -> str:
     found = []
     array = _TS_ARRAY.search(text)
     if array:
-        found.append(f"array {array.group(1)}")
+        found.append(f"array {one_line(array.group(1))}")
     files = [f for f in _TS_FILE.findall(text) if not f.endswith("/")]
     if files:
         path = files[-1]
         prefix = str(where).rstrip("/") + "/"
-        found.append(f"file {path[len(prefix):] if path.startswith(prefix) else path}")
+        found.append(f"file {one_line(path[len(prefix):] if path.startswith(prefix) else path)}")
     if not found:
         found.append(" and ".join(f"{item}/" for item in items) + " folder")
     return ", ".join(found)
@@ -119,8 +134,9 @@ def verify_meta(meta: dict, where: str) -> bool:
     rest = {k: v for k, v in meta.items() if k != CHECKSUMS}
     saved, found = _recorded(meta).get("meta"), checksums.meta_checksum(rest)
     if saved != found:
+        terminal.note_aborted_read(where)  # reads of it still under way are leftovers too
         raise DamagedCheckpointError(f"checkpoint {where} is damaged: its metadata has checksum "
-                                     f"{found}, saved with {saved}")
+                                     f"{found}, saved with {one_line(saved)}")
     return True
 
 
@@ -136,6 +152,7 @@ def verify_arrays(meta: dict, where: str, **trees) -> None:
                                             checksums.tree_checksums(tree))
         if mismatch is not None:
             path, saved, found = mismatch
+            terminal.note_aborted_read(where)  # reads of it still under way are leftovers too
             raise DamagedCheckpointError(
-                f"checkpoint {where} is damaged: {name}{path} has checksum {found}, "
-                f"saved with {saved}")
+                f"checkpoint {where} is damaged: {one_line(name + path)} has checksum "
+                f"{one_line(found)}, saved with {one_line(saved)}")

@@ -18,7 +18,7 @@ from flax import traverse_util
 
 from trip_jax.models import param_names
 from trip_jax.runtime import sharding
-from trip_jax.training.checkpoint_reads import (CheckpointError, restore_items,
+from trip_jax.training.checkpoint_reads import (CheckpointError, one_line, restore_items,
                                                 saved_param_shapes, verify_arrays)
 
 
@@ -51,7 +51,7 @@ def restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, abs
             traverse_util.flatten_dict(jax.device_get(restored.params)))
     except ValueError as err:
         raise CheckpointError(f"checkpoint {where}: its per-layer parameters do not stack: "
-                              f"{err}") from None
+                              f"{one_line(err)}") from None
     wanted = traverse_util.flatten_dict(abstract)
     differences = sorted(
         [f"{'/'.join(p)} missing" for p in wanted if p not in stacked]
