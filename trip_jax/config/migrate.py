@@ -105,7 +105,8 @@ def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         for key, kept in step.removed.items():
             if key in flat and flat.pop(key) != kept:
                 raise ConfigError(f"{where}: {key}={values_of(values, key)!r} was removed; only "
-                                  f"{kept!r} (what the code does now) can be read")
+                                  f"{kept!r} (what the code does now) can be read: train the "
+                                  "run again, or read it with the trip_jax that wrote it")
         for key in step.dropped:
             flat.pop(key, None)
         for key, value in step.added.items():
