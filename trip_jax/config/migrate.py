@@ -31,6 +31,9 @@ class Step:
     defaults: bool = False
 
 
+# Every step is kept while committed results are saved at versions below it: results/archive/
+# (version 0, and 3 for minilm_coherent_pruned/), results/cv_minilm_coherent_pruned/ (3),
+# results/cv_minilm/ (5), results/minilm/ (6); tests/fixtures/saved_configs/ holds their shapes.
 STEPS: dict[int, Step] = {
     0: Step(
         # Removed when it moved verifiability by a pair or less (docs/results.md); 0 was off.
