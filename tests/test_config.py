@@ -206,6 +206,9 @@ def test_a_saved_config_no_version_reads_is_one_line_naming_the_key(change, mess
         migrate.migrate(config, "W/config.json")
     assert str(error.value).startswith("W/config.json: ") and message in str(error.value)
     assert "\n" not in str(error.value)
+    if "was removed" in message:  # too old for this trip_jax: what to do instead
+        assert str(error.value).endswith(": train the run again, or read it with the trip_jax "
+                                         "that wrote it")
     with pytest.raises(checkpoints.CheckpointError, match="the config of W"):
         checkpoints.saved_config(config, "W")
 
