@@ -116,14 +116,14 @@ def test_the_tiered_model_trains_end_to_end_at_tiny_size(mpnet_run):
 
 def test_an_ensemble_mixes_families_and_tokenizers(mpnet_run, trained_workdir, tiny_config,
                                                    tmp_path):
-    from trip_jax.evaluation import ensemble, evaluate, metrics
+    from trip_jax.evaluation import ensemble, metrics
     from trip_jax.training import checkpoints
     members = [str(mpnet_run), str(trained_workdir)]
-    result = ensemble.evaluate_ensemble(tiny_config(), tmp_path, members)
+    result = ensemble.evaluate_members(tiny_config(), tmp_path, members=members)
     assert [m["name"] for m in result["members"]] == [
         "random mpnet (paper, seed 22)", "random bert (paper, seed 22)"]
     for member, facts in zip(members, result["members"]):
-        own = evaluate.evaluate_checkpoint(checkpoints.saved_run_config(member), member)
+        own = ensemble.evaluate_members(checkpoints.saved_run_config(member), member)
         own = own["metrics"]
         assert all(facts["metrics"][k] == own[k] for k in metrics.TIER_METRICS), member
     records = [json.loads(line) for line in
