@@ -270,5 +270,9 @@ def test_predict_with_members_lists_their_votes(copies, trained_workdir, tmp_pat
     assert answer["plausible_story"] == single["plausible_story"]
     assert [m["story"] for m in answer["members"]] == [single["plausible_story"]] * 2
     assert answer["members_agree"]
+    assert "members" not in single and "members_agree" not in single
+    lone = predict.predict_file(tiny_config(), str(tmp_path), str(path),
+                                str(tmp_path / "lone.jsonl"), members=[str(copies[0])])
+    assert (tmp_path / "lone.jsonl").read_text() == (tmp_path / "alone.jsonl").read_text()
     page = (tmp_path / "both.html").read_text()
     assert 'id="f-members"' in page
