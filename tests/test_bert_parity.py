@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from trip_jax.models import weights  # noqa: E402
 from trip_jax.models.activations import get_activation  # noqa: E402
-from trip_jax.models.registry import build_encoder  # noqa: E402
+from trip_jax.encoder_registry import build_encoder  # noqa: E402
 
 # Parity at full float32 on any device (conftest).
 pytestmark = pytest.mark.usefixtures("highest_matmul_precision")

@@ -16,7 +16,8 @@ from trip_jax.config import fields, migrate, sections
 from trip_jax.config.messages import ConfigError
 from trip_jax.config.typed import as_dict, replace, typed
 from trip_jax.data import features, readers
-from trip_jax.models import registry, tiered
+from trip_jax import encoder_registry as registry
+from trip_jax.models import tiered
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Saved configs of every version: the committed runs (results/archive/ aside, which no test reads)

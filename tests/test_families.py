@@ -14,14 +14,16 @@ import transformers
 
 from trip_jax.config import sections
 from trip_jax.data import tokenizers
-from trip_jax.models import contract, param_names, registry
+from trip_jax import encoder_registry as registry
+from trip_jax import encoder_registry as contract
+from trip_jax.models import param_names
 from trip_jax.reference import padding_row
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Modules that may write a family's model_type: the units and their list, the Flax encoders they
 # serve, and two that name something else: the config's default random encoder and the authors'
 # pickled model classes (interop, not an encoder family here).
-_MAY_NAME = ("trip_jax/models/families/", "trip_jax/models/registry.py",
+_MAY_NAME = ("trip_jax/models/families/", "trip_jax/encoder_registry.py",
              "trip_jax/config/sections.py", "trip_jax/interop/authors_model.py")
 TINY = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=32, max_position_embeddings=32, pad_token_id=1)

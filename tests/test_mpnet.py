@@ -13,8 +13,9 @@ transformers = pytest.importorskip("transformers")
 
 import encoder_parity as parity  # noqa: E402
 from trip_jax import train  # noqa: E402
-from trip_jax.models import registry, relative_positions, weights  # noqa: E402
-from trip_jax.models.registry import build_encoder  # noqa: E402
+from trip_jax import encoder_registry as registry
+from trip_jax.models import relative_positions, weights  # noqa: E402
+from trip_jax.encoder_registry import build_encoder  # noqa: E402
 from trip_jax.models.families import mpnet  # noqa: E402
 from trip_jax.runtime import hub, pypi_copies  # noqa: E402
 

@@ -142,7 +142,7 @@ def test_conversion_hook_runs_before_renaming(config, tmp_path, monkeypatch):
     odd = {k.replace("embeddings.", "emb.", 1): v for k, v in state.items()}
     directory = _write(tmp_path, config, odd)
     import dataclasses
-    from trip_jax.models import registry
+    from trip_jax import encoder_registry as registry
     from trip_jax.models.families import bert
     monkeypatch.setattr(bert, "FAMILY", dataclasses.replace(bert.FAMILY, convert=lambda ckpt: {
         (("embeddings",) + k[1:] if k[0] == "emb" else k): v for k, v in ckpt.items()}))

@@ -17,8 +17,7 @@ from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from trip_jax.models.contract import collapse_roles
-from trip_jax.models.registry import tokenizer_styles
+from trip_jax.encoder_registry import collapse_roles, tokenizer_styles
 from trip_jax.runtime import hub, paths, pypi_copies
 
 WORD_LEVEL_PREFIX = "word_level:"

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization, traverse_util
 
-from trip_jax.models import param_names, registry
-from trip_jax.models.contract import Checkpoint, Path_
-from trip_jax.models.registry import MODEL_TYPES, build_encoder
+from trip_jax import encoder_registry as registry
+from trip_jax.encoder_registry import MODEL_TYPES, Checkpoint, Path_, build_encoder
+from trip_jax.models import param_names
 from trip_jax.runtime import hub, pypi_copies
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from flax import linen as nn
 
 from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
-from trip_jax.models.contract import Capabilities, Family, LayerLayout, TokenizerStyle
+from trip_jax.encoder_registry import Capabilities, Family, LayerLayout, TokenizerStyle
 from trip_jax.models.segments import attention_bias, position_ids
 
 

@@ -16,7 +16,7 @@ from flax import linen as nn
 
 from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
-from trip_jax.models.contract import Family
+from trip_jax.encoder_registry import Family
 from trip_jax.models.families import bert
 from trip_jax.models.segments import segment_attention_mask, segment_positions
 

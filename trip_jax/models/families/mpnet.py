@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from trip_jax.models import layer_stack
-from trip_jax.models.contract import Capabilities, Family
+from trip_jax.encoder_registry import Capabilities, Family
 from trip_jax.models.families import bert, roberta
 from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput,
                                            BertSelfAttention, _embed, _layer_norm)
