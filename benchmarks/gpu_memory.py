@@ -31,7 +31,7 @@ def residual_bytes(hf_config, dtype: str, sequences: int, pack_length: int = 64)
     import numpy as np  # noqa: PLC0415
 
     from trip_jax.models import builders  # noqa: PLC0415
-    from trip_jax.models.encoders import build_encoder  # noqa: PLC0415
+    from trip_jax.encoder_registry import build_encoder  # noqa: PLC0415
 
     shape = (sequences, pack_length)
     ids, mask = jnp.full(shape, 5, jnp.int32), jnp.ones(shape, jnp.int32)

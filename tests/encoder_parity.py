@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import torch
 
-from trip_jax.models.encoders import build_encoder
+from trip_jax.encoder_registry import build_encoder
 
 
 def random_rows(lengths, vocab_size: int, seed: int = 0) -> list[np.ndarray]:

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from trip_jax.models import weights  # noqa: E402
 from trip_jax.models.activations import get_activation  # noqa: E402
-from trip_jax.models.encoders import build_encoder  # noqa: E402
+from trip_jax.encoder_registry import build_encoder  # noqa: E402
 
 # Parity at full float32 on any device (conftest).
 pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
@@ -96,7 +96,7 @@ def test_tiny_random_parity(tiny, family, fmt):
 
 def test_roberta_positions_skip_padding():
     config = transformers.RobertaConfig(**TINY, pad_token_id=1)
-    from trip_jax.models.bert import position_ids
+    from trip_jax.models.segments import position_ids
     ids = jnp.array([[0, 5, 6, 1, 1], [1, 7, 1, 8, 9]])
     np.testing.assert_array_equal(position_ids(config, ids, offset=True),
                                   [[2, 3, 4, 1, 1], [1, 2, 1, 3, 4]])

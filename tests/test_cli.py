@@ -2,8 +2,11 @@
 values, exit status 2; the config is printed only with --show_config, which then stops (exit 0,
 the workdir untouched)."""
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import ml_collections
 import pytest
@@ -286,6 +289,40 @@ def test_show_config_prints_the_config_and_stops(tmp_path, run_main):
     assert all(line in result.stdout and line not in result.stderr for line in CONFIG_LINES)
     assert not workdir.exists()  # nothing trained, nothing written
     assert list(tmp_path.iterdir()) == []
+
+
+OWN_CONFIG = """from configs import base
+
+
+def get_config(argument=None):
+    config = base.get_config(argument, default_fidelity="clean")
+    config.data.max_pairs = 8
+    config.train.seed = 1234
+    return config
+"""
+
+
+def test_a_config_file_loads_from_any_folder(tmp_path, main_job_env):
+    """From a folder that is not the repository, with ``trip_jax`` importable and ``configs``
+    not (as an editable install has them): the repository's config by absolute and by relative
+    path, and a user's own file beside no ``configs`` package that imports ``configs``."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "trip_jax").symlink_to(REPO / "trip_jax")  # this checkout's trip_jax, not configs/
+    folder = tmp_path / "elsewhere"
+    (folder / "mine").mkdir(parents=True)
+    (folder / "mine" / "own.py").write_text(OWN_CONFIG)
+    env = main_job_env(PYTHONPATH=str(site))
+    tiny = REPO / "configs" / "tiny.py"
+    for argument, seed in [(str(tiny), 22), (os.path.relpath(tiny, folder) + ":fidelity=exact", 22),
+                           ("mine/own.py", 1234)]:
+        result = subprocess.run(
+            [sys.executable, "-m", "trip_jax.main", f"--config={argument}", "--workdir=run",
+             "--show_config"], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, (argument, result.stderr[-2000:])
+        assert "max_pairs: 8" in result.stdout  # configs/tiny.py's, and the own file's
+        assert re.search(rf"^  seed: {seed}$", result.stdout, flags=re.MULTILINE), argument
+    assert sorted(p.name for p in folder.iterdir()) == ["mine"]  # no workdir
 
 
 @pytest.mark.parametrize("name", sorted(

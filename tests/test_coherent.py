@@ -12,7 +12,7 @@ from configs import base, minilm, roberta, tiny
 from trip_jax.config.sections import TrainConfig
 from trip_jax import run_summary, train
 from trip_jax.data import schema
-from trip_jax.evaluation import evaluate, metrics, predict
+from trip_jax.evaluation import ensemble, metrics, predict
 from trip_jax.training import checkpoints, selection
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -136,14 +136,14 @@ def test_every_coherent_prediction_names_the_states_behind_its_conflict(coherent
 
 def test_evaluate_and_predict_decode_as_the_config_says(coherent_run, tmp_path):
     workdir, config, result = coherent_run
-    scored = evaluate.evaluate_checkpoint(config, str(workdir), checkpoints.SELECTED,
-                                          "test")["metrics"]
+    scored = ensemble.evaluate_members(config, str(workdir), checkpoints.SELECTED,
+                                       "test")["metrics"]
     for key in ("coherent/accuracy", "coherent/consistency", "independent/verifiability"):
         assert scored[key] == result[key], key
     as_independent = config.copy_and_resolve_references()
     as_independent.decoding.method = "independent"
-    independent = evaluate.evaluate_checkpoint(as_independent, str(workdir),
-                                               checkpoints.SELECTED, "test")["metrics"]
+    independent = ensemble.evaluate_members(as_independent, str(workdir),
+                                            checkpoints.SELECTED, "test")["metrics"]
     assert independent["decoding"] == "independent"
     assert independent["accuracy"] == result["independent/accuracy"]
     stories = [["Tom plugged in the phone.", "Tom charged the phone.", "Tom called Ann."],

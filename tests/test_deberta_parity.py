@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from transformers.models.deberta_v2 import modeling_deberta_v2  # noqa: E402
 
-from trip_jax.models.deberta import DebertaEncoder, make_log_bucket_position  # noqa: E402
-from trip_jax.models.encoders import build_encoder  # noqa: E402
+from trip_jax.models.families.deberta import DebertaEncoder, make_log_bucket_position  # noqa: E402
+from trip_jax.encoder_registry import build_encoder  # noqa: E402
 from trip_jax.models.weights import load_pretrained  # noqa: E402
 
 # Parity at full float32 on any device (conftest).

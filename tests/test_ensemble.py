@@ -57,9 +57,10 @@ def softmax(x):
     return np.exp(decoding.log_softmax(x))
 
 
-def test_one_member_decodes_as_the_model_itself():
+def test_one_member_is_the_model_itself_and_copies_decode_as_it():
     member = outputs(0)
-    averaged = ensemble.average([member])
+    assert ensemble.average([member]) is member
+    averaged = ensemble.average([member, member])
     for config in (COHERENT, DecodingConfig()):
         alone, mean = (decoding.decode(p.arrays, config) for p in (member, averaged))
         for key, value in alone.predictions().items():
@@ -90,6 +91,26 @@ def test_the_average_is_of_probabilities_with_entities_padded():
         averaged["story_logits"], (small.arrays["story_logits"] + large.arrays["story_logits"]) / 2)
     np.testing.assert_array_equal(averaged["story_pred"], averaged["story_logits"].argmax(-1))
     assert set(averaged) >= {*batch_contract.PREDICTION_KEYS, *batch_contract.LOGIT_KEYS}
+
+
+def test_one_vote_builder_reads_a_scored_record_and_decoded_outputs():
+    record = {"predicted_story": 1, "predicted_conflict": [0, 2], "correct": True,
+              "consistent": False, "verifiable": False, "label": 1}
+    scored = ensemble.scored_choice(record)
+    assert scored == {"story": 1, "conflict": [0, 2], "correct": True, "consistent": False,
+                      "verifiable": False}
+    conflict = np.zeros((1, 2, 2, 3))
+    conflict[0, 0, 1, 0] = conflict[0, 0, 0, 2] = 0.5  # story 0: the other story of story 1
+    conflict[0, 1, 0, 1] = 0.9  # the chosen story's own beliefs are no vote
+    decoded = decoding.Decoded(np.array([1]), conflict, None, None, [None])
+    assert ensemble.decoded_choice(decoded, 0) == {"story": 1, "conflict": [0, 2]}
+    both = ensemble.votes(["a", "b"], [scored, ensemble.decoded_choice(decoded, 0)])
+    assert [m["name"] for m in both["members"]] == ["a", "b"] and both["members_agree"]
+    assert both["members"][1] == {"name": "b", "story": 1, "conflict": [0, 2]}
+    other = ensemble.votes(["a", "b"], [scored, {"story": 1, "conflict": [0]}])
+    assert not other["members_agree"]
+    with pytest.raises(ValueError):
+        ensemble.votes(["a"], [scored, scored])
 
 
 def test_members_run_on_other_pairs_are_refused():
@@ -141,8 +162,9 @@ def copies(trained_workdir, tmp_path_factory):
 
 
 def test_an_ensemble_of_equal_members_scores_as_the_member(copies, tiny_config, tmp_path):
-    alone = evaluate.evaluate_checkpoint(tiny_config(), str(copies[0]))
-    result = ensemble.evaluate_ensemble(tiny_config(), tmp_path, [str(c) for c in copies])
+    alone = ensemble.evaluate_members(tiny_config(), str(copies[0]))
+    result = ensemble.evaluate_members(tiny_config(), tmp_path,
+                                       members=[str(c) for c in copies])
     for key in (*metrics.TIER_METRICS, "precondition_f1", "effect_f1", "conflict_f1"):
         assert result["metrics"][key] == alone["metrics"][key], key
     records = [json.loads(line) for line in
@@ -152,6 +174,20 @@ def test_an_ensemble_of_equal_members_scores_as_the_member(copies, tiny_config, 
     assert [r["predicted_conflict"] for r in records] == [r["predicted_conflict"] for r in single]
     assert all(r["members_agree"] for r in records)
     assert [m["workdir"] for m in result["members"]] == ["a", "b"]
+
+
+def test_a_lone_member_is_the_model_itself(trained_workdir, tiny_config, tmp_path):
+    own = ensemble.evaluate_members(tiny_config(), str(trained_workdir))
+    lone = ensemble.evaluate_members(tiny_config(), tmp_path, members=[str(trained_workdir)])
+    assert lone["paths"]["json"].name == own["paths"]["json"].name == "test.selected-4.json"
+    assert lone["paths"]["json"].parent == tmp_path / "eval"
+    report = json.loads(lone["paths"]["json"].read_text())
+    assert "members" not in report and report["checkpoint_step"] == 4
+    assert report == json.loads(own["paths"]["json"].read_text())
+    records = lone["paths"]["predictions"].read_text()
+    assert records == own["paths"]["predictions"].read_text() and '"members' not in records
+    assert [(m["workdir"], m["checkpoint"]) for m in lone["members"]] == [
+        (trained_workdir.name, "selected")]
 
 
 def test_evaluate_with_members_writes_the_ensemble_report(trained_workdir, second_member,
@@ -168,7 +204,7 @@ def test_evaluate_with_members_writes_the_ensemble_report(trained_workdir, secon
     assert [m["name"] for m in report["members"]] == names
     # Each member's tiers are those of its own evaluation.
     for member, facts in zip(members, report["members"]):
-        own = evaluate.evaluate_checkpoint(tiny_config(), member)["metrics"]
+        own = ensemble.evaluate_members(tiny_config(), member)["metrics"]
         for key in metrics.TIER_METRICS:
             assert facts["metrics"][key] == own[key], (member, key)
     spread = report["members_spread"]["accuracy"]
@@ -234,5 +270,9 @@ def test_predict_with_members_lists_their_votes(copies, trained_workdir, tmp_pat
     assert answer["plausible_story"] == single["plausible_story"]
     assert [m["story"] for m in answer["members"]] == [single["plausible_story"]] * 2
     assert answer["members_agree"]
+    assert "members" not in single and "members_agree" not in single
+    lone = predict.predict_file(tiny_config(), str(tmp_path), str(path),
+                                str(tmp_path / "lone.jsonl"), members=[str(copies[0])])
+    assert (tmp_path / "lone.jsonl").read_text() == (tmp_path / "alone.jsonl").read_text()
     page = (tmp_path / "both.html").read_text()
     assert 'id="f-members"' in page

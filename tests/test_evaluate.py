@@ -19,7 +19,7 @@ import pytest
 
 from trip_jax.config.typed import typed
 from trip_jax.data import input_pipeline, protocol, schema
-from trip_jax.evaluation import evaluate, metrics, model_names, random_baseline
+from trip_jax.evaluation import ensemble, evaluate, metrics, model_names, random_baseline
 from trip_jax.training import checkpoints
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -154,19 +154,19 @@ def test_predictions_are_cut_to_each_pairs_stories(workdir, tiny_config):
 
 
 def test_other_checkpoint_and_split(workdir, tiny_config):
-    result = evaluate.evaluate_checkpoint(tiny_config(), str(workdir), "2", "dev_holdout")
-    assert result["step"] == 2 and result["checkpoint"] == "latest"
+    result = ensemble.evaluate_members(tiny_config(), str(workdir), "2", "dev_holdout")
+    assert [(m["checkpoint_step"], m["checkpoint"]) for m in result["members"]] == [(2, "latest")]
     report = json.loads((workdir / "eval" / "dev_holdout.latest-2.json").read_text())
     assert report["checkpoint_step"] == 2 and report["split"] == "dev_holdout"
     assert report["metrics"]["num_pairs"] == len(
         protocol.load_protocol_splits(tiny_config().data).selection)
     with pytest.raises(input_pipeline.UnknownSplitError, match="dev_holdout, test, train"):
-        evaluate.evaluate_checkpoint(tiny_config(), str(workdir), split="dev")
+        ensemble.evaluate_members(tiny_config(), str(workdir), split="dev")
 
 
 def test_two_checkpoints_never_overwrite_each_other(evaluated, workdir, tiny_config):
     evaluated, _ = evaluated
-    result = evaluate.evaluate_checkpoint(tiny_config(), str(workdir), "2", "test")
+    result = ensemble.evaluate_members(tiny_config(), str(workdir), "2", "test")
     assert result["paths"]["json"].name == "test.latest-2.json"
     assert json.loads((evaluated / "test.latest-2.json").read_text())["checkpoint_step"] == 2
     assert json.loads((evaluated / f"test.{BEST}.json").read_text())["checkpoint_step"] == 4
@@ -187,14 +187,14 @@ def test_mismatched_config_and_corrupt_checkpoint_are_clear_errors(workdir, tmp_
     other = tiny_config()
     other.model.tiered.detector_layers = 2
     with pytest.raises(checkpoints.CheckpointError, match="detector_layers: saved 1, now 2"):
-        evaluate.evaluate_checkpoint(other, str(workdir))
+        ensemble.evaluate_members(other, str(workdir))
     broken = tmp_path / "broken"
     shutil.copytree(workdir / "checkpoints", broken / "checkpoints")
     shutil.copytree(workdir / "tokenizer", broken / "tokenizer")
     step_dir = next((broken / "checkpoints" / "selected").glob("[0-9]*"))
     (step_dir / "params" / "manifest.ocdbt").unlink()
     with pytest.raises(checkpoints.CheckpointError, match="could not restore"):
-        evaluate.evaluate_checkpoint(tiny_config(), str(broken))
+        ensemble.evaluate_members(tiny_config(), str(broken))
     assert not (broken / "eval").exists()
 
 
@@ -211,7 +211,7 @@ def test_a_workdir_from_before_the_rename_is_refused_naming_the_rename(workdir, 
     with pytest.raises(checkpoints.CheckpointError, match=message):
         checkpoints.restore_for_eval(str(old))
     with pytest.raises(checkpoints.CheckpointError, match=message):
-        evaluate.evaluate_checkpoint(tiny_config(), str(old))
+        ensemble.evaluate_members(tiny_config(), str(old))
     with pytest.raises(checkpoints.CheckpointError, match=message):
         checkpoints.RunCheckpoints(str(old), keep=2, async_save=False)
     assert not (old / "checkpoints" / "selected").exists() and not (old / "eval").exists()

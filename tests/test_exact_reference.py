@@ -29,8 +29,8 @@ from trip_jax.data import batching, features, layouts, schema
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
 from trip_jax.training.losses import LossConfig, tiered_loss
-from trip_jax.models.bert import BertEncoder
-from trip_jax.models.deberta import DebertaEncoder
+from trip_jax.models.families.bert import BertEncoder
+from trip_jax.models.families.deberta import DebertaEncoder
 from trip_jax.models.tiered import TieredConfig, build_tiered_model
 from trip_jax.reference.padding_row import LEGACY_MASK_BIAS
 from trip_jax.training.optimizers import make_optimizer

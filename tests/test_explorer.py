@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from trip_jax.data import input_pipeline, readers, record_checks, schema
-from trip_jax.evaluation import evaluate, explorer, predict
+from trip_jax.evaluation import ensemble, explorer, predict
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RUN_REPORTS = REPO / "results" / "minilm" / "seed22" / "reports"
@@ -135,7 +135,7 @@ def matching_search(cards, words):
 def evaluated(trained_workdir, tiny_config):
     """The tiny run's selected checkpoint scored on test: (result, records, pairs)."""
     config = tiny_config()
-    result = evaluate.evaluate_checkpoint(config, trained_workdir, "selected", "test")
+    result = ensemble.evaluate_members(config, trained_workdir, "selected", "test")
     records = [json.loads(line) for line in
                result["paths"]["predictions"].read_text().splitlines()]
     splits = input_pipeline.load_splits(config.data)
@@ -146,7 +146,7 @@ def evaluated(trained_workdir, tiny_config):
 def test_evaluate_writes_the_page_beside_the_reports(evaluated, trained_workdir):
     result, records, _ = evaluated
     page = result["paths"]["explorer"]
-    assert page.name == f"test.selected-{result['step']}.html"
+    assert page.name == f"test.selected-{result['members'][0]['checkpoint_step']}.html"
     assert page.parent == trained_workdir / "eval"
     html = page.read_text()
     # Self-contained: both plots inline, nothing fetched.

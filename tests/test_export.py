@@ -10,7 +10,8 @@ import pytest
 from benchmarks import export_steps
 from trip_jax.config.typed import typed
 from trip_jax.data.tokenizers import build_word_level_tokenizer
-from trip_jax.models import builders, registry
+from trip_jax import encoder_registry as registry
+from trip_jax.models import builders
 from trip_jax.runtime import sharding
 from trip_jax.training.step import build_trainer
 

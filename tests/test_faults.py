@@ -25,7 +25,7 @@ import pytest
 
 from trip_jax import train
 from trip_jax.runtime import workdir_lock
-from trip_jax.training import checkpoints
+from trip_jax.training import checkpoint_reads, checkpoints
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -144,6 +144,38 @@ def test_evaluate_on_a_damaged_checkpoint_is_one_line(trained_workdir, tmp_path,
     assert re.fullmatch(rf"error: checkpoint {step} is damaged: params\[.*\] has checksum "
                         r"\S+, saved with \S+", errors[0]), errors[0]
     assert not (workdir / "eval").exists()  # no report from the damaged weights
+
+
+class FailingManager:
+    """A checkpoint manager of ``directory`` whose every restore raises ``error``."""
+
+    def __init__(self, directory, error):
+        self.directory, self.error = directory, error
+
+    def restore(self, step, args):
+        raise self.error
+
+
+def test_a_damaged_checkpoint_is_one_line_whatever_the_cause(tmp_path):
+    # An underlying error of several lines (as TensorStore's can be), naming an array and a
+    # file whose names, read off damaged files, hold line breaks.
+    cause = ValueError(f'Error reading "params.encoder\n  kernel/.zarray": DATA_LOSS\n'
+                       f'local file "{tmp_path}/4/params/d/\nab"\n\n  at byte 400\n')
+    with pytest.raises(checkpoint_reads.DamagedCheckpointError) as err:
+        checkpoint_reads.restore_items(FailingManager(tmp_path, cause), 4, params=None)
+    assert str(err.value) == (
+        f"checkpoint {tmp_path}/4 is damaged or unreadable: could not restore its array "
+        "params.encoder kernel, file params/d/ ab (the cause is logged at debug level, "
+        "--verbosity=1)")
+    # Checksums read off a damaged metadata file: a path with line breaks, a long value.
+    meta = {"checksums": {"params": {"['a\n\n  b']": "float32[2]:\n" + "f" * 1000}}}
+    with pytest.raises(checkpoint_reads.DamagedCheckpointError) as err:
+        checkpoint_reads.verify_arrays(meta, f"{tmp_path}/4", params={"a": np.zeros(2)})
+    message = str(err.value)
+    assert "\n" not in message and len(message) < len(str(tmp_path)) + 2 * 160 + 80, message
+    assert message.startswith(f"checkpoint {tmp_path}/4 is damaged: params['a b'] has "
+                              "checksum None, saved with float32[2]: fff")
+    assert message.endswith("...")
 
 
 def test_checkpoints_without_checksums_restore_with_a_warning(trained_workdir, tmp_path,

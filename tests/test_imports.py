@@ -27,8 +27,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # at the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("data.schema",),
-    ("models.registry", "models.contract", "models.families", "models.bert", "models.deberta",
-     "models.layer_stack", "models.segments", "models.activations"),
+    ("encoder_registry", "models.families", "models.layer_stack",
+     "models.segments", "models.activations", "models.relative_positions"),
     ("config",),
     ("cli", "runtime.terminal"),
     ("runtime",),
@@ -153,7 +153,7 @@ HEAVY = ("jax", "flax", "transformers", "torch", "orbax", "optax", "tokenizers",
          "trip_jax.train", "trip_jax.training.checkpoints", "trip_jax.evaluation.evaluate")
 # The encoder families' registry, which the config's allowed model types read: plain Python, no
 # family unit or Flax module until one is asked for (issue 55).
-LIGHT = ("trip_jax.models", "trip_jax.models.contract", "trip_jax.models.registry")
+LIGHT = ("trip_jax.models", "trip_jax.encoder_registry")
 # Runs module ``sys.argv[1]`` as ``python -m`` with the rest of argv, then prints its exit
 # status and the HEAVY modules it imported as JSON on the real stderr.
 PROBE = """

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import transformers
 
-from trip_jax.models.bert import BertEmbeddings, BertEncoder, BertLayer, attention_bias
+from trip_jax.models.families.bert import BertEmbeddings, BertEncoder, BertLayer
+from trip_jax.models.segments import attention_bias
 
 CONFIG = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=3,
                                  num_attention_heads=2, intermediate_size=32,

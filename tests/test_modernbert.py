@@ -17,8 +17,9 @@ transformers = pytest.importorskip("transformers")
 
 import encoder_parity as parity  # noqa: E402
 from trip_jax import train  # noqa: E402
-from trip_jax.models import registry, weights  # noqa: E402
-from trip_jax.models.encoders import build_encoder  # noqa: E402
+from trip_jax import encoder_registry as registry
+from trip_jax.models import weights  # noqa: E402
+from trip_jax.encoder_registry import build_encoder  # noqa: E402
 from trip_jax.models.families import modernbert  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("highest_matmul_precision")

@@ -17,10 +17,10 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from trip_jax.models import weights  # noqa: E402
-from trip_jax.models import registry  # noqa: E402
-from trip_jax.models.bert import position_ids  # noqa: E402
-from trip_jax.models.deberta import relative_layout  # noqa: E402
-from trip_jax.models.encoders import build_encoder  # noqa: E402
+from trip_jax import encoder_registry as registry  # noqa: E402
+from trip_jax.models.segments import position_ids  # noqa: E402
+from trip_jax.models.families.deberta import relative_layout  # noqa: E402
+from trip_jax.encoder_registry import build_encoder  # noqa: E402
 from trip_jax.models.segments import segment_attention_mask, segment_positions  # noqa: E402
 
 TOL = 1e-5

@@ -20,7 +20,7 @@ from configs import base
 from trip_jax.data import input_pipeline, protocol
 from trip_jax.models import builders
 from trip_jax.models import weights
-from trip_jax.models.encoders import build_encoder
+from trip_jax.encoder_registry import build_encoder
 
 
 @pytest.mark.parametrize("name", sorted(paper_encoders.PAPER_ENCODERS))

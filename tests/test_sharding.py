@@ -56,7 +56,7 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     from configs import tiny
     from trip_jax.data import input_pipeline
     from trip_jax.models import builders
-    from trip_jax.training import checkpoints, checksums, losses, optimizers
+    from trip_jax.training import checkpoint_reads, checkpoints, losses, optimizers
     from trip_jax.training import state as train_state, step as train_step
     from trip_jax.data import layouts
 
@@ -133,8 +133,8 @@ def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     restore_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(
         jax.tree.leaves(jax.device_get(restored.params)), jax.tree.leaves(runs["fsdp"][1])))
     # The parameters sharded over 8 devices and restored onto one: the same checksums.
-    same_checksums = (checksums.tree_checksums(fsdp_state.params)
-                      == checksums.tree_checksums(restored.params))
+    same_checksums = (checkpoint_reads.tree_checksums(fsdp_state.params)
+                      == checkpoint_reads.tree_checksums(restored.params))
 
     base_losses, base_params = runs["one_device"]
     result = {"device_count": jax.device_count(), "specs": specs, "losses": {},

@@ -17,8 +17,9 @@ transformers = pytest.importorskip("transformers")
 
 import encoder_parity as parity  # noqa: E402
 from trip_jax import train  # noqa: E402
-from trip_jax.models import registry, weights  # noqa: E402
-from trip_jax.models.encoders import build_encoder  # noqa: E402
+from trip_jax import encoder_registry as registry
+from trip_jax.models import relative_positions, weights  # noqa: E402
+from trip_jax.encoder_registry import build_encoder  # noqa: E402
 from trip_jax.models.families import t5  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
@@ -61,7 +62,7 @@ def tiny(tmp_path_factory):
 def test_buckets_equal_hugging_faces():
     from transformers.models.t5.modeling_t5 import T5Attention
     for buckets, distance in ((32, 128), (8, 20), (64, 256)):
-        ours = t5.relative_position_buckets(300, buckets, distance)
+        ours = relative_positions.relative_position_buckets(300, buckets, distance)
         rel = torch.arange(300)[None, :] - torch.arange(300)[:, None]
         theirs = T5Attention._relative_position_bucket(rel, True, buckets, distance).numpy()
         np.testing.assert_array_equal(ours, theirs)

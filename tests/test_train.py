@@ -23,7 +23,7 @@ from configs import tiny
 from trip_jax import train
 from trip_jax.config.typed import as_dict, typed
 from trip_jax.data import input_pipeline
-from trip_jax.evaluation import evaluate
+from trip_jax.evaluation import ensemble, evaluate
 from trip_jax.models import builders, param_names
 from trip_jax.runtime import sharding
 from trip_jax.training import checkpoint_reads, checkpoints, optimizers, reuse
@@ -310,9 +310,9 @@ def test_loss_preset_argument_and_overrides():
 def test_dense_layout_scores_a_checkpoint_like_packed_tokens(tiny_config, full_run):
     workdir, _ = full_run
     config = tiny_config()
-    one = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
+    one = ensemble.evaluate_members(config, str(workdir), "latest", "test")["metrics"]
     config.data.layout = "dense"
-    two = evaluate.evaluate_checkpoint(config, str(workdir), "latest", "test")["metrics"]
+    two = ensemble.evaluate_members(config, str(workdir), "latest", "test")["metrics"]
     for key in ("accuracy", "consistency", "verifiability"):
         assert one[key] == two[key], key
     np.testing.assert_allclose(two["loss/total"], one["loss/total"], rtol=1e-5)

@@ -141,9 +141,17 @@ def test_conversion_hook_runs_before_renaming(config, tmp_path, monkeypatch):
     state = _torch_style_state(config)
     odd = {k.replace("embeddings.", "emb.", 1): v for k, v in state.items()}
     directory = _write(tmp_path, config, odd)
-    monkeypatch.setitem(weights._CONVERSION_HOOKS, "bert", lambda ckpt: {
-        (("embeddings",) + k[1:] if k[0] == "emb" else k): v for k, v in ckpt.items()})
-    _, params = weights.load_pretrained(directory)
+    import dataclasses
+    from trip_jax import encoder_registry as registry
+    from trip_jax.models.families import bert
+    monkeypatch.setattr(bert, "FAMILY", dataclasses.replace(bert.FAMILY, convert=lambda ckpt: {
+        (("embeddings",) + k[1:] if k[0] == "emb" else k): v for k, v in ckpt.items()}))
+    registry.families.cache_clear()
+    try:
+        _, params = weights.load_pretrained(directory)
+    finally:
+        monkeypatch.undo()
+        registry.families.cache_clear()
     np.testing.assert_array_equal(params["embeddings"]["LayerNorm"]["bias"],
                                   state["embeddings.LayerNorm.bias"])
 

@@ -19,6 +19,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections.config_flags import config_flags as config_flags_lib
 
+from trip_jax.config import files as config_files
 from trip_jax.config.messages import closest, unknown_choice
 from trip_jax.runtime import terminal
 
@@ -89,6 +90,7 @@ def _config_file_error(argument: str, err: BaseException) -> str:
 def load_config_file(argument: str, name: str = "config") -> ml_collections.ConfigDict:
     """Loads ``PATH[:ARG]`` as ``DEFINE_config_file`` does; UsageError if it cannot."""
     parser = config_flags_lib.ConfigFileFlagParser(name=name, lock_config=False)
+    config_files.make_importable(argument)
     try:
         config = parser.parse(argument)
         config_values(config)  # a file that failed to load raises on first access
@@ -217,6 +219,9 @@ def flags_parser(flag_values: flags.FlagValues = flags.FLAGS, *,
                 print("\nTry --helpfull to get a list of all flags.")
             sys.exit(0)
         config = None
+        argument = _flag_argument(argv[1:], config_flag) if config_flag else None
+        if argument:
+            config_files.make_importable(argument)  # its ``configs``, from any folder
         try:
             try:
                 rest = flag_values(argv)

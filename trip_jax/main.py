@@ -44,14 +44,9 @@ def _cross_validate(config, workdir: str) -> Any:
 def _evaluate(config, workdir: str) -> dict[str, Any]:
     """--mode=evaluate: scores --checkpoint (of every --members workdir: their ensemble) on
     --split, writes DIR/eval/."""
-    if FLAGS.members:
-        from trip_jax.evaluation import ensemble
-        result = ensemble.evaluate_ensemble(config, workdir, FLAGS.members, FLAGS.checkpoint,
-                                            FLAGS.split, progress=True)
-    else:
-        from trip_jax.evaluation import evaluate
-        result = evaluate.evaluate_checkpoint(config, workdir, FLAGS.checkpoint, FLAGS.split,
-                                              progress=True)
+    from trip_jax.evaluation import ensemble
+    result = ensemble.evaluate_members(config, workdir, FLAGS.checkpoint, FLAGS.split,
+                                       members=FLAGS.members or (), progress=True)
     if result["paths"]:
         stem = result["paths"]["json"].name.removesuffix(".json")
         print(f"wrote {result['paths']['markdown']} and the other {stem}.* reports")

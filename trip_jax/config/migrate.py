@@ -31,6 +31,9 @@ class Step:
     defaults: bool = False
 
 
+# Every step is kept while committed results are saved at versions below it: results/archive/
+# (version 0, and 3 for minilm_coherent_pruned/), results/cv_minilm_coherent_pruned/ (3),
+# results/cv_minilm/ (5), results/minilm/ (6); tests/fixtures/saved_configs/ holds their shapes.
 STEPS: dict[int, Step] = {
     0: Step(
         # Removed when it moved verifiability by a pair or less (docs/results.md); 0 was off.
@@ -105,7 +108,8 @@ def migrate(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         for key, kept in step.removed.items():
             if key in flat and flat.pop(key) != kept:
                 raise ConfigError(f"{where}: {key}={values_of(values, key)!r} was removed; only "
-                                  f"{kept!r} (what the code does now) can be read")
+                                  f"{kept!r} (what the code does now) can be read: train the "
+                                  "run again, or read it with the trip_jax that wrote it")
         for key in step.dropped:
             flat.pop(key, None)
         for key, value in step.added.items():

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from trip_jax.config.fields import (DROPOUT, MESH_SIZE, NON_NEGATIVE, POSITIVE_INT, REGEX, Rule,
                                     Section, above, at_least, interval, keys, option)
-from trip_jax.models.registry import MODEL_TYPES
+from trip_jax.encoder_registry import MODEL_TYPES
 
 # The schema version written into config.json; trip_jax/config/migrate.py brings older ones here.
 CONFIG_VERSION = 7
@@ -26,7 +26,7 @@ TokenTypes = Literal["segments", "zeros"]
 LayoutName = Literal["packed_tokens", "dense"]
 DType = Literal["float32", "bfloat16", "float16"]
 MatmulPrecision = Literal["default", "high", "highest"]
-EncoderType = Literal[MODEL_TYPES]  # the encoder families' (trip_jax/models/registry.py)
+EncoderType = Literal[MODEL_TYPES]  # the encoder families' (trip_jax/encoder_registry.py)
 Activation = Literal["gelu", "relu"]
 PaddingRows = Literal["zero", "encoded"]
 PaddingRowAttention = Literal["legacy", "masked"]

@@ -17,9 +17,8 @@ from etils import epath
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from trip_jax.models.contract import collapse_roles
-from trip_jax.models.registry import tokenizer_styles
-from trip_jax.runtime import hub, paths
+from trip_jax.encoder_registry import collapse_roles, tokenizer_styles
+from trip_jax.runtime import hub, paths, pypi_copies
 
 WORD_LEVEL_PREFIX = "word_level:"
 
@@ -79,6 +78,9 @@ def _load_pretrained(spec: str, *, local_files_only: bool, flag: str
         return load_saved_tokenizer(spec)
     looks_like_path = spec.startswith(("/", "./", "../", "~")) or os.path.isdir(spec)
     path = os.path.expanduser(spec)
+    copy = None if looks_like_path else pypi_copies.local_copy(spec)
+    if copy is not None:
+        looks_like_path, path = True, str(copy)
     if looks_like_path and not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist")
     def load(local_files_only: bool) -> PreTrainedTokenizerFast:

@@ -1,13 +1,14 @@
-"""Seed ensembles: several trained models' beliefs averaged and decoded as one model's.
+"""One model or several: a checkpoint is an ensemble of one, several members' beliefs averaged.
 
 ``member_outputs`` runs each member (a trained workdir) once, one at a time; ``average`` turns
-their outputs into one model's; ``evaluate_ensemble`` writes
-``WORKDIR/eval/SPLIT.ensemble-N-KIND.*`` with each member's tiers and votes. Details: docs/reference.md#ensembles.
+their outputs into one model's (one member's as they are); ``evaluate_members`` is
+``--mode=evaluate``, ``votes`` the members' choices per pair. Details: docs/reference.md#ensembles.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -81,28 +82,30 @@ class Member:
 
     name: str            # model_names.config_label of its config
     folder: str          # its workdir's folder name (reports never name a path)
-    checkpoint: str      # its checkpoint's kind
+    kind: str            # its checkpoint's kind
     step: int
-    config: Config
+    config: Config       # the config it was trained with
+    meta: dict[str, Any]  # its checkpoint's metadata (epoch, selection metrics)
     predictions: evaluate.Predictions
 
     def facts(self) -> dict[str, Any]:
         """JSON-ready facts for reports (no outputs)."""
-        return {"name": self.name, "workdir": self.folder, "checkpoint": self.checkpoint,
+        return {"name": self.name, "workdir": self.folder, "checkpoint": self.kind,
                 "checkpoint_step": self.step}
 
 
 def member_outputs(workdirs: Sequence[str], which: str | int,
-                   run: Callable[[checkpoints.EvalModel, int], evaluate.Predictions]
-                   ) -> Iterator[Member]:
-    """Restores each member in turn, checks that it fits the first, and yields its
-    ``run(restored, index)`` outputs (members of equal models share one eval step:
-    ``evaluate.checkpoint_eval_step``); the restored parameters are dropped before the next
-    member is restored. Raises EnsembleError (a member that does not fit) or
-    CheckpointError (a missing or damaged checkpoint)."""
+                   run: Callable[[checkpoints.EvalModel, int], evaluate.Predictions],
+                   config: Config | None = None) -> Iterator[Member]:
+    """Restores each member in turn (with ``config``, one whose model differs is a
+    CheckpointError), checks that it fits the first, and yields its ``run(restored, index)``
+    outputs (members of equal models share one eval step: ``evaluate.checkpoint_eval_step``);
+    the restored parameters are dropped before the next member is restored. Raises
+    EnsembleError (a member that does not fit) or CheckpointError (a missing or damaged
+    checkpoint)."""
     first = None
     for index, workdir in enumerate(check_members(workdirs)):
-        restored = checkpoints.restore_for_eval(str(workdir), which)
+        restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
         signature = fit_signature(restored.config, restored.meta.get("protocol"))
         folder = workdir_name(workdir)
         if first is None:
@@ -110,7 +113,7 @@ def member_outputs(workdirs: Sequence[str], which: str | int,
         check_fit(folder, signature, *first)
         predictions = run(restored, index)
         member = Member(model_names.config_label(restored.config), folder, restored.kind,
-                        restored.step, restored.config, predictions)
+                        restored.step, restored.config, restored.meta, predictions)
         del restored
         yield member
 
@@ -129,7 +132,8 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def average(members: Sequence[evaluate.Predictions], names: Sequence[str] | None = None
             ) -> evaluate.Predictions:
-    """The ensemble's eval-step outputs from its members' (each in dataset order).
+    """The ensemble's eval-step outputs from its members' (each in dataset order); one member's
+    are returned as they are (an ensemble of one is that model).
 
     Per cell, the members' state distributions (softmax of the logits) and conflict beliefs
     (sigmoid) are averaged and given back as logits (log of the mean distribution; log-odds of
@@ -140,6 +144,8 @@ def average(members: Sequence[evaluate.Predictions], names: Sequence[str] | None
     """
     if not members:
         raise EnsembleError("an ensemble needs at least one member")
+    if len(members) == 1:
+        return members[0]
     names = list(names or [f"#{m + 1}" for m in range(len(members))])
     entities = max(p.arrays["row_mask"].shape[2] for p in members)
     arrays = [{k: _pad_aliases(v, entities) if k == decoding.ALIAS_KEY
@@ -175,25 +181,28 @@ def average(members: Sequence[evaluate.Predictions], names: Sequence[str] | None
     return evaluate.Predictions(out, {})
 
 
-def votes(member_records: Sequence[Sequence[Mapping[str, Any]]], names: Sequence[str],
-          n: int) -> dict[str, Any]:
-    """Pair ``n``'s member votes: {"members": [{name, story, conflict, correct, consistent,
-    verifiable}], "members_agree": every member chose the same story and the same conflicting
-    sentences}. ``member_records``: each member's ``score_predictions`` records."""
-    members = []
-    for name, records in zip(names, member_records, strict=True):
-        record = records[n]
-        members.append({"name": name, "story": record["predicted_story"],
-                         "conflict": record["predicted_conflict"],
-                         **{key: record[key] for key in ("correct", "consistent", "verifiable")}})
-    return with_agreement(members)
-
-
-def with_agreement(members: list[dict[str, Any]]) -> dict[str, Any]:
-    """{"members": members, "members_agree": every member (a dict with "story" and "conflict")
-    chose the same story and the same conflicting sentences}."""
+def votes(names: Sequence[str], choices: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One pair's member votes: {"members": [{"name", **choice}], "members_agree": every member
+    chose the same story and the same conflicting sentences}; a choice is {"story", "conflict",
+    ...} (``scored_choice``, ``decoded_choice``)."""
+    members = [{"name": name, **choice} for name, choice in zip(names, choices, strict=True)]
     agree = len({(m["story"], tuple(m["conflict"])) for m in members}) == 1
     return {"members": members, "members_agree": agree}
+
+
+def scored_choice(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A member's choice in a ``score_predictions`` record: its story, conflicting sentences
+    and three tiers."""
+    return {"story": record["predicted_story"], "conflict": record["predicted_conflict"],
+            **{key: record[key] for key in ("correct", "consistent", "verifiable")}}
+
+
+def decoded_choice(decoded: decoding.Decoded, n: int) -> dict[str, Any]:
+    """A member's choice for pair ``n`` of its decoded outputs: its story and the sentences of
+    the other story it believes (>= 0.5) conflicting."""
+    story = int(decoded.story_pred[n])
+    believed = (decoded.conflict_prob[n][1 - story] >= 0.5).any(axis=0)
+    return {"story": story, "conflict": [int(s) for s in np.flatnonzero(believed)]}
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -207,52 +216,81 @@ def ensemble_name(names: Sequence[str]) -> str:
     return model_names.named_or(f"ensemble of {len(names)} ({', '.join(names)})")
 
 
-def evaluate_ensemble(config: Config | Any, workdir: str | os.PathLike,
-                      members: Sequence[str], which: str | int = checkpoints.SELECTED,
-                      split: str = "test", *, progress: bool = False) -> dict[str, Any]:
-    """Scores the ensemble of ``members`` (trained workdirs, checkpoint ``which`` of each) on
-    ``split`` of ``config``'s data, decoded with ``config.decoding``, and writes
-    ``WORKDIR/eval/SPLIT.ensemble-N-KIND.*`` (the report set of ``--mode=evaluate`` with the
-    members' tiers, their mean and min-max, and per pair their votes).
+def evaluate_members(config: Config | Any, workdir: str | os.PathLike,
+                     which: str | int = checkpoints.SELECTED, split: str = "test", *,
+                     members: Sequence[str] = (), progress: bool = False) -> dict[str, Any]:
+    """Scores checkpoint ``which`` of ``members`` (trained workdirs; none: ``workdir`` itself,
+    whose checkpoint must fit ``config`` and runs with it) on ``split`` of ``config``'s data,
+    decoded with ``config.decoding``, and writes the report set into ``WORKDIR/eval/``: one
+    model's ``SPLIT.KIND-STEP.*``; several members' ``SPLIT.ensemble-N-KIND.*``, with their
+    tiers, their mean and min-max, and per pair their votes.
 
     Returns {"metrics", "members": [facts with "metrics"], "paths"}. Raises EnsembleError or
-    CheckpointError naming the member that cannot join.
+    CheckpointError naming the member that cannot join (the checkpoint is read before the
+    data), input_pipeline.UnknownSplitError for a split the protocol lacks.
     """
     config = typed(config)
-    splits = input_pipeline.load_splits(config.data)
-    pairs = input_pipeline.split_pairs(splits, split)
-    count = len(members)
+    sources = check_members(list(members) or [str(workdir)])
+    count = len(sources)
+
+    @functools.cache
+    def data():
+        splits = input_pipeline.load_splits(config.data)
+        return splits, input_pipeline.split_pairs(splits, split)
 
     def run(restored, index):
+        splits, pairs = data()
         if restored.meta.get("protocol") not in (None, splits.protocol):
-            logging.warning("member %s was selected under protocol %s; scoring under %s",
-                            workdir_name(members[index]), restored.meta["protocol"],
+            logging.warning("%s was selected under protocol %s; scoring under %s",
+                            workdir_name(sources[index]), restored.meta["protocol"],
                             splits.protocol)
         evaluator = evaluate.Evaluator.for_checkpoint(
-            restored, pairs, restored.config, splits=splits, progress=progress,
-            desc=f"{split} {index + 1}/{count}")
+            restored, pairs, restored.config if members else config, splits=splits,
+            progress=progress, desc=split if count == 1 else f"{split} {index + 1}/{count}")
         return evaluator.predict(restored.params)
 
-    kept, member_records, facts = [], [], []
-    for member in member_outputs(members, which, run):
-        evaluation = evaluate.score_predictions(member.predictions, pairs, config.decoding)
+    kept = list(member_outputs(sources, which, run, None if members else config))
+    splits, pairs = data()
+    predictions = average([m.predictions for m in kept], [m.folder for m in kept])
+    evaluation = evaluate.score_predictions(predictions, pairs, config.decoding, explain=True)
+    facts, metadata, stem = _report(kept, evaluation, pairs, config, splits, which)
+    scores = evaluation.scores
+    logging.info("%s on %s: accuracy %.3f consistency %.3f verifiability %.3f",
+                 metadata["model"], split, scores["accuracy"], scores["consistency"],
+                 scores["verifiability"])
+    paths = {}
+    if jax.process_index() == 0:
+        paths = evaluate.write_report_set(epath.Path(workdir) / evaluate.EVAL_DIR, split,
+                                          evaluation, metadata, splits, pairs,
+                                          stem=f"{split}.{stem}")
+    return {"metrics": scores, "members": facts, "paths": paths}
+
+
+def _report(kept: Sequence[Member], evaluation: evaluate.Evaluation, pairs, config: Config,
+            splits, which: str | int) -> tuple[list[dict], dict[str, Any], str]:
+    """(the members' facts with their metrics, the report's metadata, its stem after the
+    split) of ``evaluate_members``: one model's own report, or the ensemble's with each
+    member scored alone and its votes added to ``evaluation``'s records."""
+    if len(kept) == 1:
+        (member,) = kept
         scores = {key: evaluation.scores[key] for key in MEMBER_METRICS}
+        facts = [{**member.facts(), "metrics": scores,
+                  "story_loss_weight": float(member.config.loss.story_weight)}]
+        return (facts, evaluate.report_metadata(member, splits),
+                evaluate.checkpoint_name(member))
+    member_records, facts = [], []
+    for member in kept:
+        alone = evaluate.score_predictions(member.predictions, pairs, config.decoding)
+        scores = {key: alone.scores[key] for key in MEMBER_METRICS}
         logging.info("member %s (%s-%d): accuracy %.3f consistency %.3f verifiability %.3f",
-                     member.folder, member.checkpoint, member.step, scores["accuracy"],
+                     member.folder, member.kind, member.step, scores["accuracy"],
                      scores["consistency"], scores["verifiability"])
-        kept.append(member)
-        member_records.append(evaluation.records)
+        member_records.append(alone.records)
         facts.append({**member.facts(), "metrics": scores,
                       "story_loss_weight": float(member.config.loss.story_weight)})
     names = [m.name for m in kept]
-    predictions = average([m.predictions for m in kept], [m.folder for m in kept])
-    evaluation = evaluate.score_predictions(predictions, pairs, config.decoding, explain=True)
     for n, record in enumerate(evaluation.records):
-        record.update(votes(member_records, names, n))
-    scores = evaluation.scores
-    logging.info("ensemble of %d on %s: accuracy %.3f consistency %.3f verifiability %.3f",
-                 count, split, scores["accuracy"], scores["consistency"],
-                 scores["verifiability"])
+        record.update(votes(names, [scored_choice(records[n]) for records in member_records]))
     weights = {f["story_loss_weight"] for f in facts}
     metadata = {
         "model": ensemble_name(names), "checkpoint": str(which), "protocol": splits.protocol,
@@ -263,12 +301,7 @@ def evaluate_ensemble(config: Config | Any, workdir: str | os.PathLike,
         "members_spread": {key: spread([f["metrics"][key] for f in facts])
                            for key in MEMBER_METRICS},
         "members_agree": sum(r["members_agree"] for r in evaluation.records)}
-    paths = {}
-    if jax.process_index() == 0:
-        paths = evaluate.write_report_set(
-            epath.Path(workdir) / evaluate.EVAL_DIR, split, evaluation, metadata, splits, pairs,
-            stem=f"{split}.ensemble-{count}-{which}")
-    return {"metrics": scores, "members": facts, "paths": paths}
+    return facts, metadata, f"ensemble-{len(kept)}-{which}"
 
 
 def workdir_name(workdir: str) -> str:

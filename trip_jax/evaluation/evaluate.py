@@ -1,8 +1,8 @@
 """The evaluator: scoring parameters on story pairs, and the reports of a checkpoint.
 
 ``Evaluator(...).run(params)`` is the one eval loop (training, evaluate, predict, benchmarks);
-``evaluate_checkpoint`` rebuilds a model from its workdir alone and writes
-``WORKDIR/eval/SPLIT.KIND-STEP.*``. Details: README.md#evaluation-and-explanations.
+``write_report_set`` writes a report set (``ensemble.evaluate_members``: ``--mode=evaluate``).
+Details: README.md#evaluation-and-explanations.
 """
 
 from __future__ import annotations
@@ -256,8 +256,9 @@ def score_predictions(predictions: Predictions, pairs: Sequence[StoryPair],
 # Reports.
 
 
-def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:
-    """What a checkpoint report says about its origin: model, checkpoint, protocol, data, the
+def report_metadata(restored: checkpoints.EvalModel | Any, splits) -> dict[str, Any]:
+    """What a checkpoint report says about its origin (``restored``: a restored model or an
+    ensemble's member, with config, kind, step and meta): model, checkpoint, protocol, data, the
     story loss weight (0: the story choice of ``decoding.READS_STORY_LOGITS`` is untrained)."""
     return {"model": model_names.model_name(restored.config), "checkpoint": restored.kind,
             "checkpoint_step": restored.step, "epoch": restored.meta.get("epoch"),
@@ -267,7 +268,7 @@ def report_metadata(restored: checkpoints.EvalModel, splits) -> dict[str, Any]:
             "data_files": input_pipeline.data_files(splits)}
 
 
-def checkpoint_name(restored: checkpoints.EvalModel) -> str:
+def checkpoint_name(restored: checkpoints.EvalModel | Any) -> str:
     """A checkpoint's name in report file names: its kind and step, e.g. best_accuracy-1016."""
     return f"{restored.kind}-{restored.step}"
 
@@ -326,50 +327,6 @@ def marker_split(splits: protocol.ProtocolSplits, split: str, pairs: Sequence[St
     """``curated.marker_split`` of one protocol split's records, the marker file read from the
     directory of the split's data files ("marker not found" when it is not there)."""
     return curated.split_pairs_by_marker(pairs, records, *_marker_place(splits, split))
-
-
-def evaluate_checkpoint(config: Config | Any, workdir: str | os.PathLike,
-                        which: str | int = checkpoints.SELECTED,
-                        split: str = "test", *, progress: bool = False) -> dict[str, Any]:
-    """Scores checkpoint ``which`` of ``workdir`` on ``split`` and writes ``WORKDIR/eval/``.
-
-    Args:
-      config: the run's config (or one with the same model): data location, protocol, batching;
-        typed, or a ConfigDict it is built from (``trip_jax.config.typed``).
-      workdir: the training run's directory.
-      which: a name of ``checkpoints.KINDS`` ("selected", "best_accuracy", "latest", ...) or
-        a step number.
-      split: "test", the protocol's selection split ("dev" / "dev_holdout") or "train".
-      progress: show a progress bar over the eval batches.
-
-    Returns:
-      {"metrics": tiered metrics + mean losses, "step", "checkpoint", "paths": written files}.
-
-    Raises:
-      checkpoints.CheckpointError: no such checkpoint, unreadable, or another model's.
-      input_pipeline.UnknownSplitError: the protocol has no such split.
-    """
-    config = typed(config)
-    restored = checkpoints.restore_for_eval(str(workdir), which, config=config)  # before the data
-    splits = input_pipeline.load_splits(config.data)
-    pairs = input_pipeline.split_pairs(splits, split)
-    if restored.meta.get("protocol") not in (None, splits.protocol):
-        logging.warning("the checkpoint was selected under protocol %s; scoring under %s",
-                        restored.meta["protocol"], splits.protocol)
-    evaluator = Evaluator.for_checkpoint(restored, pairs, config, splits=splits, explain=True,
-                                         progress=progress, desc=split)
-    evaluation = evaluator.run(restored.params)
-    scores = evaluation.scores
-    logging.info("%s (%s, step %d, protocol %s): accuracy %.3f consistency %.3f "
-                 "verifiability %.3f", split, restored.kind, restored.step, splits.protocol,
-                 scores["accuracy"], scores["consistency"], scores["verifiability"])
-    paths = {}
-    if jax.process_index() == 0:
-        paths = write_checkpoint_report(epath.Path(workdir) / EVAL_DIR, split, evaluation,
-                                        restored, splits, pairs,
-                                        stem=f"{split}.{checkpoint_name(restored)}")
-    return {"metrics": scores, "step": restored.step, "checkpoint": restored.kind,
-            "paths": paths}
 
 
 def random_baseline_report(config: Config | Any, workdir: str | os.PathLike,

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from etils import epath
 
 from trip_jax.config.sections import Config
@@ -198,8 +197,9 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
                  output_path: str | None = None,
                  which: str | int = checkpoints.SELECTED,
                  members: Sequence[str] = ()) -> dict[str, Any]:
-    """Answers every good line of ``input_path`` with checkpoint ``which`` (module docstring);
-    with ``members`` (trained workdirs), with their ensemble (``ensemble.average``; each answer
+    """Answers every good line of ``input_path`` with checkpoint ``which`` of ``members``
+    (trained workdirs; none: ``workdir`` itself, whose checkpoint must fit ``config``; module
+    docstring); several members answer as their ensemble (``ensemble.average``; each answer
     lists the members' votes), ``workdir`` then only taking the answers.
 
     Returns {"answers": [record], "problems": {line: message} in line order, "output": the path
@@ -211,21 +211,16 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
     if not any(text.strip() for text in _read_lines(input_path)):
         raise PredictionError(f"{input_path} holds no story pairs")
     config = typed(config)
-    sources = ensemble.check_members(members) if members else [str(workdir)]
-    if members:
-        max_sentences = checkpoints.saved_run_config(sources[0]).data.max_sentences
-    else:
-        restored = checkpoints.restore_for_eval(str(workdir), which, config=config)
-        max_sentences = restored.config.data.max_sentences
+    sources = ensemble.check_members(list(members) or [str(workdir)])
+    max_sentences = checkpoints.saved_run_config(sources[0]).data.max_sentences
     requests, problems = read_requests(input_path, max_sentences)
     resolved, more = resolve_entities(requests, config.data.spacy_model)
     problems.update(more)
     pairs = [_pair(request, names) for request, names, _ in resolved]
     layout = layouts.from_config(config.data)
     key, limit = layout.max_row_tokens()
-    tokenizers = ([checkpoints.load_tokenizer(source) for source in sources] if members
-                  else [restored.tokenizer])
-    encodings = [input_pipeline.encode(pairs, tokenizer, layout) for tokenizer in tokenizers]
+    encodings = [input_pipeline.encode(pairs, checkpoints.load_tokenizer(source), layout)
+                 for source in sources]
     keep = []
     for x, (request, _, _) in enumerate(resolved):
         longest = max(encoded[x].max_length for encoded in encodings)
@@ -236,30 +231,24 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
             keep.append(x)
     kept_pairs = [pairs[x] for x in keep]
     decoding_config = config.decoding
-    votes = {}
-    if keep and members:
-        def run(member, index):
-            return evaluate.Evaluator(
-                evaluate.checkpoint_eval_step(member), kept_pairs, [encodings[index][x] for x in keep], layout,
-                config.train.eval_batch_size, member.mesh, desc=f"predict {index + 1}/"
-                f"{len(sources)}").predict(member.params)
 
-        outputs = list(ensemble.member_outputs(sources, which, run))
+    def run(member, index):
+        return evaluate.Evaluator(
+            evaluate.checkpoint_eval_step(member), kept_pairs,
+            [encodings[index][x] for x in keep], layout, config.train.eval_batch_size,
+            member.mesh, desc="predict" if len(sources) == 1
+            else f"predict {index + 1}/{len(sources)}").predict(member.params)
+
+    outputs = list(ensemble.member_outputs(sources, which, run, None if members else config)
+                   ) if keep else []
+    if outputs:
         predictions = ensemble.average([m.predictions for m in outputs],
                                        [m.folder for m in outputs])
-        member_decoded = [decoding.decode(m.predictions.arrays, decoding_config)
-                          for m in outputs]
-        votes = {"names": [m.name for m in outputs], "decoded": member_decoded}
-    elif keep:
-        evaluator = evaluate.Evaluator(
-            evaluate.checkpoint_eval_step(restored), kept_pairs,
-            [encodings[0][x] for x in keep], layout, config.train.eval_batch_size,
-            restored.mesh, desc="predict")
-        predictions = evaluator.predict(restored.params)
-    if keep:
         decoded = decoding.decode(predictions.arrays, decoding_config)
         predictions = evaluate.Predictions({**predictions.arrays, **decoded.predictions()},
                                            predictions.losses)
+    voters = [decoding.decode(m.predictions.arrays, decoding_config)
+              for m in outputs] if len(outputs) > 1 else []
 
     answers = []
     for position, x in enumerate(keep):
@@ -274,28 +263,15 @@ def predict_file(config: Config | Any, workdir: str, input_path: str,
                   "stories": request.stories, "entities": names, "entity_source": source,
                   "story_logits": out["story_logits"], "decoding": decoding_config.method,
                   **explanation}
-        if votes:
-            answer.update(_member_votes(votes["names"], votes["decoded"], position))
+        if voters:
+            answer.update(ensemble.votes([m.name for m in outputs],
+                                         [ensemble.decoded_choice(d, position) for d in voters]))
         answers.append(answer)
     output = epath.Path(output_path or epath.Path(workdir) / PREDICT_DIR
                         / f"{epath.Path(input_path).stem}.jsonl")
     if jax.process_index() == 0:
         _write(output, answers, problems, input_path)
     return {"answers": answers, "problems": dict(sorted(problems.items())), "output": output}
-
-
-def _member_votes(names: Sequence[str], decoded: Sequence[decoding.Decoded], n: int
-                  ) -> dict[str, Any]:
-    """Pair ``n``'s votes of an ensemble's members: {"members": [{name, story, conflict}],
-    "members_agree"}; a member's conflict is the sentences of the other story it believes
-    (>= 0.5) conflicting."""
-    members = []
-    for name, member in zip(names, decoded, strict=True):
-        story = int(member.story_pred[n])
-        believed = (member.conflict_prob[n][1 - story] >= 0.5).any(axis=0)
-        members.append({"name": name, "story": story,
-                        "conflict": [int(s) for s in np.flatnonzero(believed)]})
-    return ensemble.with_agreement(members)
 
 
 def _write(output: epath.Path, answers: list[dict], problems: dict[int, str],

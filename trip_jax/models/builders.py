@@ -16,7 +16,7 @@ import transformers
 
 from trip_jax.data import batch_contract
 from trip_jax.data.layouts import dense
-from trip_jax.models import registry
+from trip_jax import encoder_registry as registry
 from trip_jax.data.tokenizers import tokenizer_info, tokenizer_spec
 from trip_jax.models.tiered import TieredModel, build_tiered_model
 from trip_jax.models.weights import load_pretrained

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from trip_jax.models import registry
-from trip_jax.models.contract import Path_
+from trip_jax import encoder_registry as registry
+from trip_jax.encoder_registry import Path_
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from trip_jax.config.sections import TieredConfig
 from trip_jax.data.schema import MAX_CLASSES, NUM_ATTRIBUTES, NUM_CLASSES
 from trip_jax.models import layer_stack
 from trip_jax.models.cells import RealCells
-from trip_jax.models.encoders import build_encoder
+from trip_jax.encoder_registry import build_encoder
 from trip_jax.reference.grid_cells import GridCells
 from trip_jax.reference.padding_row import PaddingRow
 

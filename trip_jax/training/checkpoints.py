@@ -1,8 +1,8 @@
 """Orbax checkpoints of a training run, and restoring a trained model with no training code.
 
 A workdir holds ``checkpoints/{latest,selected,best_accuracy}/STEP`` beside its config and
-tokenizer; restoring verifies the checksums first (``checkpoint_reads``) and stacks older
-workdirs' per-layer parameters (``per_layer_checkpoints``). Details: docs/reference.md#training.
+tokenizer; restoring verifies the checksums first and stacks older workdirs' per-layer
+parameters (both in ``checkpoint_reads``). Details: docs/reference.md#training.
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ from etils import epath
 
 from trip_jax.models import builders, param_names
 from trip_jax.runtime import paths, sharding
-from trip_jax.training import per_layer_checkpoints
 from trip_jax.training.checkpoint_reads import (CheckpointError, DamagedCheckpointError,
-                                                restore_items, saved_param_shapes,
-                                                verify_arrays, verify_meta, with_checksums)
+                                                check_compatible, restore_items,
+                                                restore_per_layer, saved_config,
+                                                saved_param_shapes, verify_arrays, verify_meta,
+                                                with_checksums)
 from trip_jax.training.reuse import reuse_built
-from trip_jax.config import migrate
-from trip_jax.config.messages import ConfigError
 from trip_jax.config.sections import Config, MeshConfig
-from trip_jax.config.typed import as_dict, typed
+from trip_jax.config.typed import as_dict
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
 from trip_jax.training.checkpoint_names import (BEST_ACCURACY, CHECKPOINTS_DIR, CONFIG_FILE,
                                                 KINDS, LATEST, SELECTED, no_checkpoint)
@@ -48,42 +47,6 @@ TOKENIZER_DIR = "tokenizer"
 
 # Latest checkpoints kept at least, so that a damaged newest one has an intact one behind it.
 MIN_KEEP = 2
-
-
-def saved_config(values: dict[str, Any], where: str) -> Config:
-    """The typed config of a saved one (``meta["config"]`` of a checkpoint in ``where``),
-    brought to the current schema (``trip_jax.config.migrate``); CheckpointError when no
-    version reads it."""
-    try:
-        return typed(migrate.migrate(values, f"the config of {where}"))
-    except ConfigError as err:
-        raise CheckpointError(str(err)) from None
-
-
-def _model_part(config: dict[str, Any]) -> dict[str, Any]:
-    """The keys that decide the parameters' shapes and meaning."""
-    return {"model": config["model"], "max_sentences": config["data"]["max_sentences"]}
-
-
-def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    if isinstance(saved, dict) and isinstance(current, dict):
-        out = []
-        for key in sorted(set(saved) | set(current)):
-            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.")
-        return out
-    return [] if saved == current else [f"{prefix[:-1]}: saved {saved!r}, now {current!r}"]
-
-
-def check_compatible(saved: dict[str, Any], config: Config, where: str) -> None:
-    """Raises CheckpointError when ``config`` describes another model than ``saved`` (a saved
-    config, migrated to the current schema first)."""
-    diffs = _differences(_model_part(as_dict(saved_config(saved, where))),
-                         _model_part(as_dict(config)))
-    if diffs:
-        raise CheckpointError(
-            f"the checkpoint in {where} was trained with a different model config:\n  "
-            + "\n  ".join(diffs)
-            + "\nUse a new --workdir, or the config the checkpoint was trained with.")
 
 
 def write_run_files(workdir: str, config, hf_config, tokenizer) -> None:
@@ -250,7 +213,7 @@ class RunCheckpoints:
         check_compatible(meta["config"], config, where)
         if param_names.per_layer_paths(saved_param_shapes(manager, step)):
             shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
-            new_params, new_opt_state = per_layer_checkpoints.restore_per_layer(
+            new_params, new_opt_state = restore_per_layer(
                 manager, step, meta, params, shardings(params), init_opt_state=init_opt_state,
                 abstract_opt_state=opt_state)
             return new_params, jax.device_put(new_opt_state, shardings(opt_state)), meta
@@ -387,8 +350,7 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                                    jax.random.key(0)))
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
         if param_names.per_layer_paths(saved_param_shapes(manager, step)):
-            params, _ = per_layer_checkpoints.restore_per_layer(manager, step, meta, abstract,
-                                                                shardings)
+            params, _ = restore_per_layer(manager, step, meta, abstract, shardings)
         else:
             params = restore_items(manager, step, params=ocp.args.StandardRestore(
                 _abstract(abstract, shardings))).params

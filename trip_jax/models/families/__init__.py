@@ -1,1 +1,1 @@
-"""One module per encoder family (``trip_jax.models.contract.Family``); the list: ``registry``."""
+"""One module per encoder family (``trip_jax.encoder_registry.Family``); the list: ``UNITS`` there."""

@@ -1,11 +1,435 @@
-"""DeBERTa v1 and v2/v3 (``model_type`` deberta, deberta-v2):
-``trip_jax.models.deberta.DebertaEncoder``, BERT's tokenizer template."""
+"""DeBERTa (v1) and DeBERTa-v2/v3 (``model_type`` deberta, deberta-v2) in Flax linen, one unit.
+
+``DebertaEncoder(config)`` maps ids, attention mask and token types [N, T] to the last hidden
+states [N, T, H]; ``config.model_type`` picks the variant, parameter paths mirror the torch
+modules (layers stacked). Packing: docs/reference.md#hand-written-parts-and-why.
+"""
 
 from __future__ import annotations
 
-from trip_jax.models.contract import Family
-from trip_jax.models.deberta import DebertaEncoder
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from trip_jax.models import layer_stack
+from trip_jax.models.activations import get_activation
+from trip_jax.encoder_registry import Family
 from trip_jax.models.families import bert
+from trip_jax.models.segments import segment_attention_mask, segment_positions
+
+
+def _is_v2(config) -> bool:
+    return config.model_type == "deberta-v2"
+
+
+def _pos_att_type(config) -> list[str]:
+    return list(config.pos_att_type or [])
+
+
+def _max_relative_positions(config) -> int:
+    mrp = getattr(config, "max_relative_positions", -1)
+    return mrp if mrp >= 1 else config.max_position_embeddings
+
+
+def _position_buckets(config) -> int:
+    # Log-bucketing only exists in v2/v3.
+    return getattr(config, "position_buckets", -1) if _is_v2(config) else -1
+
+
+def _head_dim(config) -> int:
+    default = config.hidden_size // config.num_attention_heads
+    return getattr(config, "attention_head_size", default) if _is_v2(config) else default
+
+
+def _scale_factor(config) -> int:
+    # v1 counts every entry of pos_att_type, v2 only the two it implements.
+    types = _pos_att_type(config)
+    if _is_v2(config):
+        return 1 + ("c2p" in types) + ("p2c" in types)
+    return 1 + len(types)
+
+
+def rel_embedding_rows(config) -> int:
+    """Rows of ``encoder/rel_embeddings`` for ``config`` (twice the attention span)."""
+    buckets = _position_buckets(config)
+    return 2 * (buckets if buckets > 0 else _max_relative_positions(config))
+
+
+def make_log_bucket_position(relative_pos: np.ndarray, bucket_size: int,
+                             max_position: int) -> np.ndarray:
+    """DeBERTa-v2's log buckets: distances beyond ``bucket_size // 2`` grow logarithmically.
+
+    Evaluated in float32 like transformers so bucket boundaries agree exactly.
+    """
+    rel = np.asarray(relative_pos, dtype=np.int64)
+    mid = bucket_size // 2
+    abs_pos = np.where((rel < mid) & (rel > -mid), mid - 1, np.abs(rel)).astype(np.float32)
+    ratio = np.log(abs_pos / np.float32(mid)) / np.log(np.float32((max_position - 1) / mid))
+    log_pos = np.ceil(ratio * np.float32(mid - 1)) + np.float32(mid)
+    bucket = np.where(abs_pos <= mid, rel.astype(np.float32), log_pos * np.sign(rel))
+    return bucket.astype(np.int64)
+
+
+def relative_positions(config, seq_len: int) -> np.ndarray:
+    """int64 [T, T]: relative position of query i to key j (i - j, log-bucketed for v2)."""
+    ids = np.arange(seq_len)
+    rel = ids[:, None] - ids[None, :]
+    buckets = _position_buckets(config)
+    if buckets > 0:
+        rel = make_log_bucket_position(rel, buckets, _max_relative_positions(config))
+    return rel
+
+
+def relative_layout(config, seq_len: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """Static gather plan for the disentangled attention at sequence length ``seq_len``.
+
+    Returns ``(lo, hi, c2p_index, p2c_index)``: only rows ``lo..hi`` of the relative-embedding
+    table are ever read, so they alone are projected; ``c2p_index[q, k]`` and
+    ``p2c_index[k, q]`` index that slice (transformers' clamped indices, shifted by ``lo``).
+
+    Holds: the table row read for a distance d does not depend on ``seq_len`` (for any
+    ``seq_len`` at least as long as the row), so packed rows read the relative embeddings of the
+    row alone (docs/reference.md, "Hand-written parts").
+    """
+    rel = relative_positions(config, seq_len)
+    if _is_v2(config):
+        span = rel_embedding_rows(config) // 2
+        offset = 0
+    else:
+        # v1 reads rows [mrp - span, mrp + span) with span = min(T, mrp).
+        mrp = _max_relative_positions(config)
+        span = min(seq_len, mrp)
+        offset = mrp - span
+    c2p = np.clip(rel + span, 0, 2 * span - 1) + offset
+    # Rows of this matrix are keys and columns queries (transformers gathers then transposes).
+    p2c = np.clip(-rel + span, 0, 2 * span - 1) + offset
+    used = [idx for kind, idx in (("c2p", c2p), ("p2c", p2c)) if kind in _pos_att_type(config)]
+    if not used:
+        return 0, -1, c2p, p2c
+    lo = int(min(idx.min() for idx in used))
+    hi = int(max(idx.max() for idx in used))
+    return lo, hi, c2p - lo, p2c - lo
+
+
+def _layer_norm(config, dtype, name: str = "LayerNorm") -> nn.LayerNorm:
+    # Two-pass variance, epsilon inside the square root: same as DebertaLayerNorm / torch.
+    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=dtype, use_fast_variance=False,
+                        name=name)
+
+
+def _gather_last(logits: jnp.ndarray, index: np.ndarray) -> jnp.ndarray:
+    """logits [N, H, A, R] gathered along R by a static index [A, B] -> [N, H, A, B]."""
+    full = jnp.broadcast_to(jnp.asarray(index, jnp.int32), logits.shape[:2] + index.shape)
+    return jnp.take_along_axis(logits, full, axis=-1)
+
+
+def split_heads_3(qkv: jnp.ndarray, heads: int) -> jnp.ndarray:
+    """[N, T, 3 * heads * d] -> [N, T, heads, 3 * d] (DeBERTa v1's per-head fused layout)."""
+    return qkv.reshape(qkv.shape[:-1] + (heads, qkv.shape[-1] // heads))
+
+
+class DebertaEmbeddings(nn.Module):
+    """Word (+ absolute position) (+ token type) embeddings, LayerNorm, padding zeroed."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, mask, deterministic: bool, segment_ids=None):
+        """Returns embeddings [N, T, H]; ``mask`` [N, T] zeroes padding positions.
+
+        With ``segment_ids`` (packed rows) absolute positions restart at each row.
+        """
+        cfg = self.config
+        emb_size = getattr(cfg, "embedding_size", cfg.hidden_size)
+        x = nn.Embed(cfg.vocab_size, emb_size, dtype=self.dtype,
+                     name="word_embeddings")(input_ids)
+        if getattr(cfg, "position_biased_input", True):
+            seq_len = input_ids.shape[1]
+            if seq_len > cfg.max_position_embeddings:
+                raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings="
+                                 f"{cfg.max_position_embeddings}")
+            positions = (jnp.arange(seq_len)[None, :] if segment_ids is None
+                         else segment_positions(segment_ids))
+            x = x + nn.Embed(cfg.max_position_embeddings, emb_size, dtype=self.dtype,
+                             name="position_embeddings")(positions)
+        if cfg.type_vocab_size > 0:
+            x = x + nn.Embed(cfg.type_vocab_size, emb_size, dtype=self.dtype,
+                             name="token_type_embeddings")(token_type_ids)
+        if emb_size != cfg.hidden_size:
+            x = nn.Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, name="embed_proj")(x)
+        x = _layer_norm(cfg, self.dtype)(x)
+        x = x * mask[..., None].astype(x.dtype)
+        return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+
+
+class DisentangledSelfAttention(nn.Module):
+    """Attention logits: content-to-content plus content-to-position (c2p) and position-to-content
+    (p2c)."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    def _dense(self, features: int, name: str, use_bias: bool = True) -> nn.Dense:
+        return nn.Dense(features, use_bias=use_bias, dtype=self.dtype, name=name)
+
+    @nn.compact
+    def __call__(self, hidden, pair_mask, rel_embeddings, deterministic: bool):
+        """hidden [N, T, H], pair_mask bool [N, 1, T, T], rel_embeddings: the table rows that
+        ``relative_layout`` says are used (or None) -> context [N, T, heads * head_dim]."""
+        cfg = self.config
+        batch, seq_len, _ = hidden.shape
+        heads, head_dim = cfg.num_attention_heads, _head_dim(cfg)
+        width = heads * head_dim
+        types = _pos_att_type(cfg)
+
+        def split_heads(x):
+            return x.reshape(x.shape[:-1] + (heads, head_dim))
+
+        if _is_v2(cfg):
+            query_proj = self._dense(width, "query_proj")
+            key_proj = self._dense(width, "key_proj")
+            query = split_heads(query_proj(hidden))
+            key = split_heads(key_proj(hidden))
+            value = split_heads(self._dense(width, "value_proj")(hidden))
+        else:
+            # The fused projection is laid out per head as [q | k | v].
+            qkv = self._dense(3 * width, "in_proj", use_bias=False)(hidden)
+            query, key, value = jnp.split(split_heads_3(qkv, heads), 3, axis=-1)
+            q_bias = self.param("q_bias", nn.initializers.zeros, (width,))
+            v_bias = self.param("v_bias", nn.initializers.zeros, (width,))
+            query = query + split_heads(q_bias.astype(self.dtype))
+            value = value + split_heads(v_bias.astype(self.dtype))
+
+        scale = np.sqrt(np.float32(head_dim * _scale_factor(cfg))).astype(np.float32)
+        query = query / jnp.asarray(scale, query.dtype)
+        logits = jnp.einsum("nqhd,nkhd->nhqk", query, key)
+
+        if getattr(cfg, "relative_attention", False) and types:
+            _, _, c2p_index, p2c_index = relative_layout(cfg, seq_len)
+            rel = nn.Dropout(cfg.hidden_dropout_prob)(rel_embeddings.astype(self.dtype),
+                                                      deterministic=deterministic)
+            share = _is_v2(cfg) and getattr(cfg, "share_att_key", False)
+            if "c2p" in types:
+                if share:
+                    pos_key = key_proj(rel)
+                elif _is_v2(cfg):
+                    pos_key = self._dense(width, "pos_key_proj")(rel)
+                else:
+                    pos_key = self._dense(width, "pos_proj", use_bias=False)(rel)
+                c2p = jnp.einsum("nqhd,rhd->nhqr", query, split_heads(pos_key))
+                logits = logits + _gather_last(c2p, c2p_index)
+            if "p2c" in types:
+                if share:
+                    pos_query = query_proj(rel)
+                elif _is_v2(cfg):
+                    pos_query = self._dense(width, "pos_query_proj")(rel)
+                else:
+                    pos_query = self._dense(width, "pos_q_proj")(rel)
+                pos_query = split_heads(pos_query) / jnp.asarray(scale, pos_query.dtype)
+                p2c = jnp.einsum("nkhd,rhd->nhkr", key, pos_query)
+                logits = logits + jnp.swapaxes(_gather_last(p2c, p2c_index), -1, -2)
+
+        # Softmax in float32 for bf16 stability; fully masked (padding) rows become uniform,
+        # exactly as transformers' masked_fill with the dtype minimum.
+        logits = jnp.where(pair_mask, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+        probs = nn.softmax(logits, axis=-1)
+        probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+        context = jnp.einsum("nhqk,nkhd->nqhd", probs.astype(self.dtype), value)
+        return context.reshape(batch, seq_len, width)
+
+
+class DebertaResidualOutput(nn.Module):
+    """Dense, dropout, then LayerNorm of the sum with the residual (torch's *Output modules)."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden, residual, deterministic: bool):
+        """Returns LayerNorm(dropout(dense(hidden)) + residual)."""
+        x = nn.Dense(self.config.hidden_size, dtype=self.dtype, name="dense")(hidden)
+        x = nn.Dropout(self.config.hidden_dropout_prob)(x, deterministic=deterministic)
+        return _layer_norm(self.config, self.dtype)(x + residual)
+
+
+class DebertaAttention(nn.Module):
+    """Self-attention (``self``) followed by its output block (``output``)."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden, pair_mask, rel_embeddings, deterministic: bool):
+        """Returns the attention block's output [N, T, H]."""
+        context = DisentangledSelfAttention(self.config, self.dtype, name="self")(
+            hidden, pair_mask, rel_embeddings, deterministic)
+        return DebertaResidualOutput(self.config, self.dtype, name="output")(
+            context, hidden, deterministic)
+
+
+class DebertaIntermediate(nn.Module):
+    """Feed-forward expansion with the config's activation."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden):
+        """Returns act(dense(hidden)) [N, T, intermediate_size]."""
+        x = nn.Dense(self.config.intermediate_size, dtype=self.dtype, name="dense")(hidden)
+        return get_activation(self.config.hidden_act)(x)
+
+
+class DebertaLayer(nn.Module):
+    """One transformer layer: attention, intermediate, output (a step of ``layer_stack``)."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, hidden, pair_mask, rel_embeddings, index, first):
+        """Returns ``(output [N, T, H], None)``. ``index``: this layer's number; ``first``:
+        None, or (conv parameters, embeddings, mask) of DeBERTa-v2's convolution, which layer
+        0's output is mixed with (``DebertaConvLayer``)."""
+        attended = DebertaAttention(self.config, self.dtype, name="attention")(
+            hidden, pair_mask, rel_embeddings, self.deterministic)
+        expanded = DebertaIntermediate(self.config, self.dtype, name="intermediate")(attended)
+        out = DebertaResidualOutput(self.config, self.dtype, name="output")(
+            expanded, attended, self.deterministic)
+        if first is None:
+            return out, None
+        conv_params, embeddings, mask = first
+        rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
+        conv = DebertaConvLayer(self.config, self.dtype, parent=None)
+        mixed = lambda y: conv.apply({"params": conv_params}, embeddings, y, mask,
+                                     self.deterministic, rngs=rngs)
+        return jax.lax.cond(index == 0, mixed, lambda y: y, out), None
+
+
+class DebertaConvLayer(nn.Module):
+    """DeBERTa-v2's convolution that is mixed into the first layer's output."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden, residual, mask, deterministic: bool):
+        """Returns LayerNorm(residual + act(dropout(conv(hidden)))) with padding zeroed."""
+        cfg = self.config
+        kernel = getattr(cfg, "conv_kernel_size", 3)
+        pad = (kernel - 1) // 2
+        out = nn.Conv(cfg.hidden_size, (kernel,), padding=[(pad, pad)],
+                      feature_group_count=getattr(cfg, "conv_groups", 1), dtype=self.dtype,
+                      name="conv")(hidden)
+        keep = mask[..., None]
+        out = jnp.where(keep, out, jnp.zeros((), out.dtype))
+        out = nn.Dropout(cfg.hidden_dropout_prob)(out, deterministic=deterministic)
+        out = get_activation(getattr(cfg, "conv_act", "tanh"))(out)
+        out = _layer_norm(cfg, self.dtype)(residual + out)
+        return out * keep.astype(out.dtype)
+
+
+class DebertaLayerStack(nn.Module):
+    """Torch's ``DebertaEncoder``: relative embeddings, the layers (stacked and scanned under
+    the name ``layer``: ``layer_stack``; per-layer names: ``param_names``) and (v2) the conv
+    layer after the first."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+    unroll: bool = False
+
+    @nn.compact
+    def __call__(self, hidden, mask, deterministic: bool, segment_ids=None):
+        """hidden [N, T, H] embeddings, mask bool [N, T] -> last hidden state [N, T, H].
+
+        With ``segment_ids`` [N, T] attention stays within each packed row.
+        """
+        cfg = self.config
+        rel = None
+        if getattr(cfg, "relative_attention", False):
+            table = nn.Embed(rel_embedding_rows(cfg), cfg.hidden_size,
+                             name="rel_embeddings").embedding
+            lo, hi, _, _ = relative_layout(cfg, hidden.shape[1])
+            rel = table[lo:hi + 1]
+            norm = [x.strip() for x in getattr(cfg, "norm_rel_ebd", "none").lower().split("|")]
+            if _is_v2(cfg) and "layer_norm" in norm:
+                # Row-wise, so normalising only the rows in use equals normalising the table.
+                rel = _layer_norm(cfg, jnp.float32)(rel)
+
+        # Built once per call and shared by every layer.
+        pair_mask = mask[:, None, :, None] & mask[:, None, None, :]
+        if segment_ids is not None:
+            pair_mask = pair_mask & segment_attention_mask(segment_ids)
+        first = None
+        if _is_v2(cfg) and getattr(cfg, "conv_kernel_size", 0) > 0:
+            conv = DebertaConvLayer(cfg, self.dtype, name="conv")
+            if self.is_initializing():  # creates its parameters; layer 0 applies it
+                conv(hidden, hidden, mask, True)
+            first = (conv.variables["params"], hidden, mask)
+        layers = layer_stack.scanned(
+            DebertaLayer, length=cfg.num_hidden_layers, remat=self.remat, unroll=self.unroll,
+            in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast))
+        hidden, _ = layers(cfg, self.dtype, deterministic, name="layer")(
+            hidden, pair_mask, rel, jnp.arange(cfg.num_hidden_layers), first)
+        return hidden
+
+
+class DebertaEncoder(nn.Module):
+    """DeBERTa / DeBERTa-v2 base model without pooler: ids -> last hidden state.
+
+    ``config`` is the Hugging Face DebertaConfig / DebertaV2Config; ``dtype`` is the compute
+    dtype (parameters stay float32); ``remat`` rematerialises each layer in the backward pass;
+    ``unroll`` unrolls the layers' scan (``layer_stack.scanned``).
+
+    ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
+    padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
+    absolute positions (if the config uses them) restart at each row, and token types are used
+    as given; ``attention_mask`` 0 masks a row's own tokens as an unpacked row's (the exact
+    mode's padding row is a fully masked row). Each row's hidden states equal those of the row
+    encoded alone. Configs with the v2 convolution
+    (``conv_kernel_size > 0``) raise NotImplementedError. Without it nothing changes.
+    """
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+    unroll: bool = False
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask, token_type_ids=None,
+                 deterministic: bool = True, segment_ids=None):
+        """input_ids / attention_mask / token_type_ids int [N, T] -> float [N, T, H].
+
+        Dropout is active when ``deterministic`` is False and draws from the "dropout" rng.
+        ``segment_ids`` int [N, T] marks packed rows (see the class docstring).
+        """
+        if getattr(self.config, "talking_head", False):
+            raise ValueError("DeBERTa talking_head attention is not supported")
+        if segment_ids is not None:
+            if _is_v2(self.config) and getattr(self.config, "conv_kernel_size", 0) > 0:
+                raise NotImplementedError(
+                    "segment_ids: packed rows cannot be encoded exactly with the DeBERTa-v2 "
+                    f"convolution (conv_kernel_size={self.config.conv_kernel_size}): it mixes "
+                    "each token with its neighbours, across row ends into the next packed row "
+                    "where an unpacked row sees zeroed padding")
+            in_row = segment_ids > 0
+            attention_mask = (in_row if attention_mask is None
+                              else in_row & attention_mask.astype(bool))
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        mask = attention_mask.astype(bool)
+        hidden = DebertaEmbeddings(self.config, self.dtype, name="embeddings")(
+            input_ids, token_type_ids, mask, deterministic, segment_ids)
+        return DebertaLayerStack(self.config, self.dtype, self.remat, self.unroll, name="encoder")(
+            hidden, mask, deterministic, segment_ids)
 
 
 def build(hf_config, **options) -> DebertaEncoder:

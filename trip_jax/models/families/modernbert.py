@@ -15,10 +15,9 @@ from flax import linen as nn
 
 from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
-from trip_jax.models.bert import attention_bias
-from trip_jax.models.contract import (Capabilities, Checkpoint, Family, LayerLayout,
+from trip_jax.encoder_registry import (Capabilities, Checkpoint, Family, LayerLayout,
                                       TokenizerStyle)
-from trip_jax.models.segments import segment_positions
+from trip_jax.models.segments import attention_bias, segment_positions
 
 _BASE = "model"
 _TOP = ("embeddings", "layers", "final_norm")  # ModernBertModel's own modules

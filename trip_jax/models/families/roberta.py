@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from trip_jax.models.bert import BertEncoder
-from trip_jax.models.contract import Capabilities, Family, TokenizerStyle
+from trip_jax.encoder_registry import Capabilities, Family, TokenizerStyle
 from trip_jax.models.families import bert
+from trip_jax.models.families.bert import BertEncoder
 
 # In id order, as in the real roberta vocabulary.
 TOKENIZER = TokenizerStyle(

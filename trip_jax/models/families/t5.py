@@ -7,39 +7,23 @@ feed-forward; no token types, no [CLS]: a row is read at its first token. Parame
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 
 from trip_jax.models import layer_stack
 from trip_jax.models.activations import get_activation
-from trip_jax.models.bert import attention_bias
-from trip_jax.models.contract import (Capabilities, Checkpoint, Family, LayerLayout,
+from trip_jax.encoder_registry import (Capabilities, Checkpoint, Family, LayerLayout,
                                       TokenizerStyle)
+from trip_jax.models.segments import attention_bias
+from trip_jax.models.relative_positions import RelativeAttentionBias
 
 # Hugging Face keeps the one relative-attention table in block 0; here it is the stack's own.
 _TABLE_IN_BLOCK_0 = ("encoder", "block", "0", "layer", "0", "SelfAttention",
                      "relative_attention_bias")
 _TABLE = ("encoder", "relative_attention_bias")
-
-
-def relative_position_buckets(length: int, num_buckets: int, max_distance: int) -> np.ndarray:
-    """int32 [length, length]: the bidirectional bucket of key k seen from query q (distance
-    k - q), in float32 steps as Hugging Face's ``T5Attention._relative_position_bucket``."""
-    distance = np.arange(length)[None, :] - np.arange(length)[:, None]
-    half = num_buckets // 2
-    buckets = (distance > 0).astype(np.int64) * half
-    distance = np.abs(distance)
-    exact = half // 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scaled = (np.log(distance.astype(np.float32) / np.float32(exact))
-                  / np.float32(math.log(max_distance / exact)) * np.float32(half - exact))
-    large = np.minimum(exact + np.where(distance < exact, 0, scaled).astype(np.int64), half - 1)
-    return (buckets + np.where(distance < exact, distance, large)).astype(np.int32)
 
 
 def _dense(features: int, std: float, dtype, name: str) -> nn.Dense:
@@ -162,14 +146,11 @@ class T5Stack(nn.Module):
     @nn.compact
     def __call__(self, x, mask_bias, deterministic: bool):
         cfg = self.config
-        table = nn.Embed(cfg.relative_attention_num_buckets, cfg.num_heads, param_dtype=jnp.float32,
-                         embedding_init=nn.initializers.normal(
-                             cfg.initializer_factor * cfg.d_model ** -0.5),
-                         name="relative_attention_bias").embedding
-        buckets = relative_position_buckets(x.shape[1], cfg.relative_attention_num_buckets,
-                                            cfg.relative_attention_max_distance)
-        positions = jnp.moveaxis(table[buckets], -1, 0)[None]  # [1, heads, T, T]
-        bias = positions.astype(jnp.float32) + mask_bias
+        buckets = cfg.relative_attention_num_buckets
+        bias = RelativeAttentionBias(
+            buckets, cfg.num_heads, buckets, cfg.relative_attention_max_distance,
+            cfg.initializer_factor * cfg.d_model ** -0.5, name="relative_attention_bias")(
+            x.shape[1]) + mask_bias
         layers = layer_stack.scanned(T5Block, length=cfg.num_layers, remat=self.remat,
                                      unroll=self.unroll)
         x, _ = layers(cfg, self.dtype, deterministic, name="block")(x, bias)

@@ -1,0 +1,146 @@
+"""MPNet (``model_type`` mpnet: microsoft/mpnet-base, all-mpnet-base-v2) in Flax linen, one unit.
+
+BERT's post-norm layers plus one relative-attention table shared by all layers (32 buckets up to
+distance 128, as Hugging Face's ``MPNetEncoder`` whatever the config says), positions from the
+padding index 1 + 1, no token types, ``<s> a </s></s> b </s>``; names as ``MPNetModel``'s.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from trip_jax.models import layer_stack
+from trip_jax.encoder_registry import Capabilities, Family
+from trip_jax.models.families import bert, roberta
+from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput,
+                                           BertSelfAttention, _embed, _layer_norm)
+from trip_jax.models.relative_positions import RelativeAttentionBias
+from trip_jax.models.segments import attention_bias, position_ids
+
+# Hugging Face's MPNet hard-codes these: the padding index of both embeddings (positions count
+# from it + 1) and the bucketing of the shared relative-attention table.
+PADDING_INDEX = 1
+NUM_BUCKETS = 32
+MAX_DISTANCE = 128
+
+
+def _check_config(config) -> None:
+    """Refuses a config this encoder would read differently from Hugging Face's."""
+    if config.relative_attention_num_buckets < NUM_BUCKETS:
+        raise ValueError(f"relative_attention_num_buckets={config.relative_attention_num_buckets}:"
+                         f" Hugging Face's MPNet looks up {NUM_BUCKETS} buckets")
+    if config.hidden_size % config.num_attention_heads:
+        raise ValueError(f"hidden_size={config.hidden_size} is not a multiple of "
+                         f"num_attention_heads={config.num_attention_heads}")
+
+
+class MPNetAttention(nn.Module):
+    """``attn`` (q, k, v, the scaled logits plus the summed bias, o), dropout, then
+    ``LayerNorm`` of the residual sum."""
+
+    config: Any
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool):
+        h = BertSelfAttention(self.config, self.dtype, ("q", "k", "v"), "o", name="attn")(
+            x, bias, deterministic)
+        h = nn.Dropout(self.config.hidden_dropout_prob)(h, deterministic=deterministic)
+        return _layer_norm(self.config, self.dtype)(h + x)
+
+
+class MPNetLayer(nn.Module):
+    """One layer (scanned: ``layer_stack``): attention, intermediate, output; ``(x, None)``."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, bias):
+        x = MPNetAttention(self.config, self.dtype, name="attention")(x, bias, self.deterministic)
+        h = BertIntermediate(self.config, self.dtype, name="intermediate")(x)
+        return BertResidualOutput(self.config, self.dtype, name="output")(
+            h, x, self.deterministic), None
+
+
+class MPNetTransformer(nn.Module):
+    """Hugging Face's ``encoder``: the shared relative-attention table and the stacked layers."""
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+    unroll: bool = False
+
+    @nn.compact
+    def __call__(self, x, mask_bias, deterministic: bool):
+        cfg = self.config
+        bias = RelativeAttentionBias(
+            cfg.relative_attention_num_buckets, cfg.num_attention_heads, NUM_BUCKETS,
+            MAX_DISTANCE, cfg.initializer_range, name="relative_attention_bias")(x.shape[1])
+        layers = layer_stack.scanned(MPNetLayer, length=cfg.num_hidden_layers, remat=self.remat,
+                                     unroll=self.unroll)
+        x, _ = layers(cfg, self.dtype, deterministic, name="layer")(
+            x, bias + mask_bias)
+        return x
+
+
+class MPNetEncoder(nn.Module):
+    """MPNet's encoder returning the last hidden states [N, T, H] (``contract.Encoder``).
+
+    ``config`` a transformers MPNetConfig; ``token_type_ids`` are ignored (MPNet has none); with
+    ``segment_ids`` each packed row encodes as if alone (``bert.attention_bias``; positions
+    restart at each row).
+    """
+
+    config: Any
+    dtype: Any = jnp.float32
+    remat: bool = False
+    unroll: bool = False
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
+                 segment_ids=None):
+        cfg = self.config
+        _check_config(cfg)
+        words = _embed(cfg, cfg.vocab_size, self.dtype, "word_embeddings")
+        positions = _embed(cfg, cfg.max_position_embeddings, self.dtype, "position_embeddings")
+        x = words(input_ids)
+        # nn.Embedding(padding_idx=1): the padding token's vector gets no gradient.
+        x = jnp.where((input_ids == PADDING_INDEX)[..., None], jax.lax.stop_gradient(x), x)
+        x = x + positions(position_ids(_PADDING, input_ids, segment_ids, offset=True))
+        x = nn.Dropout(cfg.hidden_dropout_prob)(_layer_norm(cfg, self.dtype)(x),
+                                                deterministic=deterministic)
+        return MPNetTransformer(cfg, self.dtype, self.remat, self.unroll, name="encoder")(
+            x, attention_bias(attention_mask, None, segment_ids), deterministic)
+
+
+# position_ids reads the padding index from a config: Hugging Face's MPNet uses 1, whatever
+# pad_token_id says.
+_PADDING = types.SimpleNamespace(pad_token_id=PADDING_INDEX)
+
+
+def random_config(values: dict) -> dict:
+    """``model.random_encoder`` as MPNetConfig keywords (no token types; positions need the
+    padding index and one more)."""
+    keys = ("model_type", "vocab_size", "pad_token_id", "hidden_size", "num_hidden_layers",
+            "num_attention_heads", "intermediate_size", "hidden_dropout_prob",
+            "attention_probs_dropout_prob")
+    return dict({k: values[k] for k in keys}, layer_norm_eps=1e-5,
+                max_position_embeddings=values["max_position_embeddings"] + PADDING_INDEX + 1)
+
+
+def build(hf_config, **options) -> MPNetEncoder:
+    """The encoder (options: dtype, remat, unroll)."""
+    return MPNetEncoder(config=hf_config, **options)
+
+
+# The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
+FAMILY = Family(name="mpnet", model_types=("mpnet",), build=build, layers=bert.LAYERS,
+                tokenizer=roberta.TOKENIZER, capabilities=Capabilities(token_types=False),
+                position_offset=True, random_config=random_config)
