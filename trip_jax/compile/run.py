@@ -7,7 +7,6 @@ devices and abstract shapes, and compiles them; ``run`` prints one line a step, 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -60,19 +59,16 @@ def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
 
 
 def on_devices(accelerator: chips_lib.Accelerator) -> chips_lib.Accelerator:
-    """``accelerator`` as its topology's JAX devices: libtpu describes a v4 slice with one
-    device per TensorCore (8 for v4-8), each with its share of the chip's HBM, bandwidth and
-    peak; other chips have one device a chip and are returned as they are."""
+    """``accelerator`` when libtpu describes it with one JAX device a chip (v5e, v5p, v6e);
+    CompileError for a v4 slice, which libtpu 0.0.42 describes with one device per TensorCore
+    (8 for v4-8), a layout JAX's TPU meshes refuse (they need megacore: one device a chip)."""
     devices = len(topology_devices(accelerator))
-    if devices == accelerator.chips:
-        return accelerator
-    share = devices // accelerator.chips
-    chip = accelerator.chip
-    core = dataclasses.replace(chip, device_kind=f"{chip.device_kind} TensorCore",
-                               peak_flops=chip.peak_flops / share,
-                               hbm_bytes=chip.hbm_bytes // share,
-                               hbm_bandwidth=chip.hbm_bandwidth / share)
-    return dataclasses.replace(accelerator, chip=core, chips=devices)
+    if devices != accelerator.chips:
+        raise CompileError(
+            f"--topology={accelerator.name}: libtpu describes it with {devices} devices (one per "
+            f"TensorCore) for {accelerator.chips} chips, and JAX's TPU meshes need one device a "
+            "chip; v4 is not supported by --mode=compile yet (v5e, v5p and v6e are)")
+    return accelerator
 
 
 def _need_from_error(message: str) -> int | None:
