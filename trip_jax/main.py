@@ -139,7 +139,7 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
                         "writes (default: ENCODER (RECIPE, seed SEED), read off the config).",
                         flag_values=values)
     flags.DEFINE_string("topology", None, "compile: the Cloud TPU accelerator type to compile "
-                        "for (v4-8, v5e-8 or v5litepod-8, v5p-8, v6e-8, v5e-256, ...) or a "
+                        "for (v5e-8 or v5litepod-8, v5p-8, v6e-8, v5e-256, ...) or a "
                         "topology (v5e:2x2).", flag_values=values)
     flags.DEFINE_bool("show_config", False, "Print the resolved config and exit: no mode runs and "
                       "the workdir is not touched (training saves the config as "
