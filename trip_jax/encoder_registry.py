@@ -105,7 +105,9 @@ class Family:
     no place in the model that are not an error; ``tokenizer``: its tokenizer style;
     ``position_offset``: absolute positions count from ``pad_token_id + 1`` (RoBERTa);
     ``pooled``: the token whose hidden state stands for a row; ``random_config``: maps the
-    ``model.random_encoder`` keys (Hugging Face BERT names) to the family's config keywords.
+    ``model.random_encoder`` keys (Hugging Face BERT names) to the family's config keywords;
+    ``published``: hub name -> the keys of its config.json that differ from the transformers
+    class's defaults (``published_sizes``: what ``--mode=compile`` builds without the network).
     """
 
     name: str
@@ -119,6 +121,7 @@ class Family:
     position_offset: bool = False
     pooled: str = "the row's first token ([CLS] / <s>)"
     random_config: Callable[[dict], dict] | None = None
+    published: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 # unit (trip_jax/models/families/<name>.py) -> the Hugging Face model types it serves.
@@ -176,3 +179,10 @@ def build_encoder(hf_config, *, dtype=None, remat: bool = False, unroll: bool = 
             raise ValueError(f"model.{option}: the {family.name} encoder does not support it")
     dtype = {} if dtype is None else {"dtype": dtype}  # None: the module's own, float32
     return family.build(hf_config, remat=remat, unroll=unroll, **dtype)
+
+
+def published_sizes() -> dict[str, dict[str, Any]]:
+    """Every unit's published hub encoders: hub name -> config.json keys, ``model_type`` first
+    (the unit's first model type)."""
+    return {name: {"model_type": family.model_types[0], **sizes}
+            for family in families() for name, sizes in family.published.items()}

@@ -1,1 +1,1 @@
-"""One module per encoder family (``trip_jax.encoder_registry.Family``); the list: ``UNITS`` there."""
+"""One module per encoder family (``trip_jax.encoder_registry.Family``); the list: its ``UNITS``."""

@@ -225,5 +225,16 @@ def build(hf_config, **options) -> BertEncoder:
     return BertEncoder(config=hf_config, **options)
 
 
+# The hub encoders whose sizes compile without the network (``Family.published``).
+PUBLISHED = {
+    "bert-large-uncased": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+        num_attention_heads=16, intermediate_size=4096, max_position_embeddings=512,
+        type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0),
+    "sentence-transformers/all-MiniLM-L6-v2": dict(vocab_size=30522, hidden_size=384,
+        num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+        max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0),
+}
+
+
 FAMILY = Family(name="bert", model_types=("bert",), build=build, layers=LAYERS,
-                tokenizer=TOKENIZER, capabilities=Capabilities(mask_bias=True))
+                tokenizer=TOKENIZER, capabilities=Capabilities(mask_bias=True), published=PUBLISHED)

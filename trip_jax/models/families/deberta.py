@@ -440,6 +440,16 @@ def build(hf_config, **options) -> DebertaEncoder:
 # Checkpoints ship position_embeddings even when position_biased_input is false (then the
 # model has none; with it true they load as usual), as Hugging Face's
 # _keys_to_ignore_on_load_unexpected.
+# The hub encoders whose sizes compile without the network (``Family.published``).
+PUBLISHED = {
+    "microsoft/deberta-base": dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12,
+        num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,
+        type_vocab_size=0, layer_norm_eps=1e-07, relative_attention=True,
+        max_relative_positions=-1, pos_att_type="c2p|p2c", position_biased_input=False,
+        pad_token_id=0),
+}
+
+
 FAMILY = Family(name="deberta", model_types=("deberta", "deberta-v2"), build=build,
                 layers=bert.LAYERS, tokenizer=bert.TOKENIZER,
-                ignore_unexpected=("position_embeddings",))
+                ignore_unexpected=("position_embeddings",), published=PUBLISHED)

@@ -239,8 +239,18 @@ def build(hf_config, **options) -> ModernBertEncoder:
     return ModernBertEncoder(config=hf_config, **options)
 
 
+# The hub encoders whose sizes compile without the network (``Family.published``).
+PUBLISHED = {
+    "answerdotai/ModernBERT-large": dict(vocab_size=50368, hidden_size=1024,
+        intermediate_size=2624, num_hidden_layers=28, num_attention_heads=16,
+        global_attn_every_n_layers=3, local_attention=128, max_position_embeddings=8192,
+        pad_token_id=50283, bos_token_id=50281, eos_token_id=50282, cls_token_id=50281,
+        sep_token_id=50282),
+}
+
+
 FAMILY = Family(
     name="modernbert", model_types=("modernbert",), build=build,
     layers=LayerLayout(stacked=(_BASE, "layers"), per_layer=(_BASE, "layers", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
-    pooled="the row's first token ([CLS])", random_config=random_config)
+    pooled="the row's first token ([CLS])", random_config=random_config, published=PUBLISHED)

@@ -141,6 +141,15 @@ def build(hf_config, **options) -> MPNetEncoder:
 
 
 # The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
+# The hub encoders whose sizes compile without the network (``Family.published``).
+PUBLISHED = {
+    "sentence-transformers/all-mpnet-base-v2": dict(vocab_size=30527, hidden_size=768,
+        num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+        max_position_embeddings=514, layer_norm_eps=1e-05, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2),
+}
+
+
 FAMILY = Family(name="mpnet", model_types=("mpnet",), build=build, layers=bert.LAYERS,
                 tokenizer=roberta.TOKENIZER, capabilities=Capabilities(token_types=False),
-                position_offset=True, random_config=random_config)
+                position_offset=True, random_config=random_config, published=PUBLISHED)

@@ -21,6 +21,14 @@ def build(hf_config, **options) -> BertEncoder:
     return BertEncoder(config=hf_config, position_offset=FAMILY.position_offset, **options)
 
 
+# The hub encoders whose sizes compile without the network (``Family.published``).
+PUBLISHED = {
+    "roberta-large": dict(vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
+        num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
+        type_vocab_size=1, layer_norm_eps=1e-05, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+}
+
+
 FAMILY = Family(name="roberta", model_types=("roberta",), build=build, layers=bert.LAYERS,
                 tokenizer=TOKENIZER, capabilities=Capabilities(mask_bias=True),
-                position_offset=True)
+                position_offset=True, published=PUBLISHED)

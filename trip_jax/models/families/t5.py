@@ -223,9 +223,17 @@ def build(hf_config, **options) -> T5Encoder:
     return T5Encoder(config=hf_config, **options)
 
 
+# The hub encoders whose sizes compile without the network (``Family.published``).
+PUBLISHED = {
+    "google/flan-t5-large": dict(vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816,
+        num_layers=24, num_heads=16, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+}
+
+
 FAMILY = Family(
     name="t5", model_types=("t5",), build=build,
     layers=LayerLayout(stacked=("encoder", "block"), per_layer=("encoder", "block", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
     pooled="the row's first token (the entity's first piece: T5 has no [CLS])",
-    random_config=random_config)
+    random_config=random_config, published=PUBLISHED)
