@@ -2,7 +2,7 @@ r"""MPNet (all-mpnet-base-v2, 110M), offline from PyPI (docs/reference.md#mpnet)
 
 Command: ``python -m trip_jax.main --config=configs/mpnet.py --workdir=workdirs/mpnet``
 (configs/minilm.py's tuned recipe: 4 epochs of dev_all at lr 3e-5, then test).
-Expected: not yet measured (docs/results.md#mpnet).
+Expected: not yet measured; the lr is being decided on dev (docs/results.md#mpnet-issue-66).
 """
 
 from configs import base
