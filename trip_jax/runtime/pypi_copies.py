@@ -113,11 +113,15 @@ def local_copy(name: str, copies: dict[str, PypiCopy] | None = None) -> Path | N
         raise PypiCopyError(f"the PyPI copy of {name} lacks {', '.join(missing)}: "
                             f"{copy.install_command()}")
     target = cache_root() / copy.folder
-    marker = target / _MARKER
-    if marker.is_file() and marker.read_text().strip() == copy.sha256:
-        return target
-    _join(copy, files, target)
+    if not _joined(copy, target):
+        _join(copy, files, target)
     return target
+
+
+def _joined(copy: PypiCopy, target: Path) -> bool:
+    """Whether ``target`` holds ``copy`` joined whole (its marker, written last, names the zip)."""
+    marker = target / _MARKER
+    return marker.is_file() and marker.read_text().strip() == copy.sha256
 
 
 def _join(copy: PypiCopy, files: list[Path], target: Path) -> None:
@@ -152,8 +156,7 @@ def _join(copy: PypiCopy, files: list[Path], target: Path) -> None:
         if not (source / "config.json").is_file():
             raise PypiCopyError(f"the joined zip of {copy.name} has no {copy.folder}/config.json")
         (source / _MARKER).write_text(copy.sha256 + "\n")
-        marker = target / _MARKER
-        if marker.is_file() and marker.read_text().strip() == copy.sha256:
+        if _joined(copy, target):
             return  # another process joined it meanwhile
         if target.exists():
             shutil.rmtree(target)
