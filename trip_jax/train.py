@@ -195,8 +195,7 @@ def _initial_state(setup: RunSetup, encoder_params) -> tuple[TrainState, list[di
         return state, []
     abstract, shardings = trainer.abstract_state, trainer.state_shardings
     params, opt_state, meta = setup.ckpts.restore_latest(
-        abstract.params, abstract.opt_state, shardings.params, shardings.opt_state, config,
-        init_opt_state=trainer.tx.init)
+        abstract.params, abstract.opt_state, shardings.params, shardings.opt_state, config)
     logging.info("resuming from the checkpoint of step %d (epoch %.2f)", meta["step"],
                  meta["epoch"])
     step = jax.device_put(jnp.asarray(meta["step"], jnp.int32), shardings.step)
