@@ -325,7 +325,7 @@ class TrainLoop:
 
 def _final_reports(setup: RunSetup) -> dict[str, Any]:
     """Scores the best checkpoints on test; writes reports/ (the selected checkpoint) and
-    reports/best_accuracy/ with ``evaluate.write_checkpoint_report``.
+    reports/best_accuracy/ with ``evaluate.write_report_set``.
 
     Parameters come from ``checkpoints.restore_for_eval`` (the path evaluation takes) on the
     training mesh, so the trainer's eval step, compiled for those shardings, is reused.
@@ -354,6 +354,7 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
                      "verifiability %.3f", kind, restored.step, splits.protocol,
                      scores["accuracy"], scores["consistency"], scores["verifiability"])
         if jax.process_index() == 0:
-            evaluate.write_checkpoint_report(setup.workdir / "reports" / subdir, "test",
-                                             evaluation, restored, splits, splits.test)
+            evaluate.write_report_set(setup.workdir / "reports" / subdir, "test", evaluation,
+                                      evaluate.report_metadata(restored, splits), splits,
+                                      splits.test)
     return results[checkpoints.SELECTED]
