@@ -161,11 +161,11 @@ def test_checkpoint_errors_are_clear(tiny_config, full_run, tmp_path):
     # absent there, so at its default.
     saved = as_dict(typed(tiny_config()))
     del saved["config_version"], saved["model"]["tiered"]["detector_norm_first"]
-    checkpoints.check_compatible(saved, typed(tiny_config()), "older run")
+    checkpoint_reads.check_compatible(saved, typed(tiny_config()), "older run")
     other = tiny_config()
     other.model.tiered.detector_norm_first = True
     with pytest.raises(checkpoints.CheckpointError, match="detector_norm_first"):
-        checkpoints.check_compatible(saved, typed(other), "older run")
+        checkpoint_reads.check_compatible(saved, typed(other), "older run")
     broken = tmp_path / "broken"
     shutil.copytree(workdir, broken)
     step_dir = next((broken / "checkpoints" / "selected").glob("[0-9]*"))

@@ -23,9 +23,9 @@ from flax import traverse_util
 from trip_jax.models import builders
 from trip_jax.runtime import paths, sharding
 from trip_jax.training.checkpoint_reads import (CheckpointError, DamagedCheckpointError,
-                                                check_compatible, read_meta, refuse_per_layer,
-                                                restore_items, saved_config, saved_param_shapes,
-                                                verify_arrays, with_checksums)
+                                                read_meta, refuse_per_layer, restore_items,
+                                                saved_config, saved_param_shapes, verify_arrays,
+                                                with_checksums)
 from trip_jax.config.sections import Config, MeshConfig
 from trip_jax.config.typed import as_dict
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
