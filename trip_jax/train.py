@@ -195,8 +195,7 @@ def _initial_state(setup: RunSetup, encoder_params) -> tuple[TrainState, list[di
         return state, []
     abstract, shardings = trainer.abstract_state, trainer.state_shardings
     params, opt_state, meta = setup.ckpts.restore_latest(
-        abstract.params, abstract.opt_state, shardings.params, shardings.opt_state, config,
-        init_opt_state=trainer.tx.init)
+        abstract.params, abstract.opt_state, shardings.params, shardings.opt_state, config)
     logging.info("resuming from the checkpoint of step %d (epoch %.2f)", meta["step"],
                  meta["epoch"])
     step = jax.device_put(jnp.asarray(meta["step"], jnp.int32), shardings.step)
@@ -326,7 +325,7 @@ class TrainLoop:
 
 def _final_reports(setup: RunSetup) -> dict[str, Any]:
     """Scores the best checkpoints on test; writes reports/ (the selected checkpoint) and
-    reports/best_accuracy/ with ``evaluate.write_checkpoint_report``.
+    reports/best_accuracy/ with ``evaluate.write_report_set``.
 
     Parameters come from ``checkpoints.restore_for_eval`` (the path evaluation takes) on the
     training mesh, so the trainer's eval step, compiled for those shardings, is reused.
@@ -355,6 +354,7 @@ def _final_reports(setup: RunSetup) -> dict[str, Any]:
                      "verifiability %.3f", kind, restored.step, splits.protocol,
                      scores["accuracy"], scores["consistency"], scores["verifiability"])
         if jax.process_index() == 0:
-            evaluate.write_checkpoint_report(setup.workdir / "reports" / subdir, "test",
-                                             evaluation, restored, splits, splits.test)
+            evaluate.write_report_set(setup.workdir / "reports" / subdir, "test", evaluation,
+                                      evaluate.report_metadata(restored, splits), splits,
+                                      splits.test)
     return results[checkpoints.SELECTED]

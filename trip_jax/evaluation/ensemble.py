@@ -80,13 +80,17 @@ def check_members(workdirs: Sequence[str]) -> list[str]:
 class Member:
     """One member's facts and its outputs (``evaluate.Predictions``) on the pairs."""
 
-    name: str            # model_names.config_label of its config
     folder: str          # its workdir's folder name (reports never name a path)
     kind: str            # its checkpoint's kind
     step: int
     config: Config       # the config it was trained with
     meta: dict[str, Any]  # its checkpoint's metadata (epoch, selection metrics)
     predictions: evaluate.Predictions
+
+    @property
+    def name(self) -> str:
+        """Its model's name (``model_names.config_label`` of its config)."""
+        return model_names.config_label(self.config)
 
     def facts(self) -> dict[str, Any]:
         """JSON-ready facts for reports (no outputs)."""
@@ -112,8 +116,8 @@ def member_outputs(workdirs: Sequence[str], which: str | int,
             first = (folder, signature)
         check_fit(folder, signature, *first)
         predictions = run(restored, index)
-        member = Member(model_names.config_label(restored.config), folder, restored.kind,
-                        restored.step, restored.config, restored.meta, predictions)
+        member = Member(folder, restored.kind, restored.step, restored.config, restored.meta,
+                        predictions)
         del restored
         yield member
 

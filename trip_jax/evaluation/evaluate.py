@@ -273,16 +273,6 @@ def checkpoint_name(restored: checkpoints.EvalModel | Any) -> str:
     return f"{restored.kind}-{restored.step}"
 
 
-def write_checkpoint_report(out_dir: str | os.PathLike, split: str,
-                            evaluation: Evaluation, restored: checkpoints.EvalModel, splits,
-                            pairs: Sequence[StoryPair], *, stem: str | None = None
-                            ) -> dict[str, Any]:
-    """Writes a checkpoint's report of one split: ``write_report_set`` with
-    ``report_metadata``."""
-    return write_report_set(out_dir, split, evaluation, report_metadata(restored, splits),
-                            splits, pairs, stem=stem)
-
-
 def write_report_set(out_dir: str | os.PathLike, split: str, evaluation: Evaluation,
                      metadata: Mapping[str, Any], splits, pairs: Sequence[StoryPair], *,
                      stem: str | None = None) -> dict[str, Any]:

@@ -31,14 +31,8 @@ def is_local(path: epath.PathLike) -> bool:
 
 
 def write_atomic(path: epath.PathLike, data: str | bytes) -> epath.Path:
-    """Writes ``data`` (text as UTF-8) to the file ``path``, whole or not at all.
-
-    Locally through a temporary file in the same directory, flushed to disk and renamed over
-    ``path`` (a rename within a file system is atomic): a crash leaves the previous file, and
-    at worst a ``.NAME.tmp-*`` file beside it. On an object store (``gs://``) an object becomes
-    visible only when its upload completes, so a direct write is already whole or nothing (a
-    rename there would be a copy and a delete, and add nothing).
-    """
+    """Writes ``data`` (text as UTF-8) to the file ``path``, whole or not at all (locally a
+    temporary ``.NAME.tmp-*`` file renamed over it; docs/reference.md#training)."""
     path = epath.Path(path)
     data = data.encode() if isinstance(data, str) else data
     if not is_local(path):
@@ -58,14 +52,8 @@ def write_atomic(path: epath.PathLike, data: str | bytes) -> epath.Path:
 
 
 def append_text(path: epath.PathLike, text: str) -> None:
-    """Appends ``text`` (whole lines) to the file ``path`` (created if missing).
-
-    Locally one ``write`` call on a file opened for appending, so a kill lands between lines
-    (a line cut short all the same, by a power cut, is cut off by the log's reader,
-    ``metric_log``); on an object store the file is read and written back whole
-    (``write_atomic``), as objects cannot be appended to (fine for the small JSON Lines logs
-    of a run).
-    """
+    """Appends ``text`` (whole lines) to the file ``path`` (created if missing): locally in
+    one ``write`` call, on an object store by writing the file back whole (``write_atomic``)."""
     path = epath.Path(path)
     if is_local(path):
         data = text.encode()

@@ -2,7 +2,7 @@
 
 Checksums of its arrays and metadata, recorded at save (``with_checksums``), checked at read
 (``verify_meta``, ``verify_arrays``); ``restore_items`` turns any orbax failure into a one-line
-``DamagedCheckpointError``; its config (``saved_config``); older per-layer workdirs stacked.
+``DamagedCheckpointError``; its config (``saved_config``); per-layer checkpoints refused.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -26,7 +26,7 @@ from trip_jax.config.messages import ConfigError
 from trip_jax.config.sections import Config
 from trip_jax.config.typed import as_dict, typed
 from trip_jax.models import param_names
-from trip_jax.runtime import sharding, terminal
+from trip_jax.runtime import terminal
 
 CHECKSUMS = "checksums"  # the key of meta that holds the checksums
 
@@ -97,6 +97,17 @@ def _damaged(err: Exception, where: epath.Path, items) -> DamagedCheckpointError
         f"checkpoint {where} is damaged or unreadable: could not restore its "
         f"{unreadable_part(err, where, items)} (the cause is logged at debug level, "
         "--verbosity=1)")
+
+
+def read_meta(manager: ocp.CheckpointManager, step: int, where: str,
+              config: Config | None = None) -> tuple[dict, Config]:
+    """(meta, its saved config) of one step, verified (``verify_meta``); with ``config``,
+    CheckpointError when the step belongs to another model (``check_compatible``)."""
+    meta = restore_items(manager, step, meta=ocp.args.JsonRestore()).meta
+    verify_meta(meta, where)
+    if config is not None:
+        check_compatible(meta["config"], config, where)
+    return meta, saved_config(meta["config"], where)
 
 
 def restore_items(manager: ocp.CheckpointManager, step: int, **items) -> Any:
@@ -298,75 +309,12 @@ def check_compatible(saved: dict[str, Any], config: Config, where: str) -> None:
             + "\nUse a new --workdir, or the config the checkpoint was trained with.")
 
 
-# Legacy: checkpoints saved before the layers were stacked (issue 42), read per layer, then
-# stacked through the name table of trip_jax/models/param_names.py.
-def restore_per_layer(manager: ocp.CheckpointManager, step: int, meta: dict, abstract,
-                      shardings, *, init_opt_state: Callable | None = None,
-                      abstract_opt_state=None):
-    """(params, opt_state) of a checkpoint saved before the layers were stacked (per-layer
-    names, ``param_names``): the parameters read as saved, verified, stacked through the name
-    table and placed on ``shardings``; CheckpointError in one line when they do not stack onto
-    ``abstract``. The optimizer state is None without ``init_opt_state`` (the optimizer's
-    ``init``); with it, it is read in the layout ``init_opt_state`` gives the saved per-layer
-    parameters, verified, and stacked leaf by leaf onto ``abstract_opt_state`` (host arrays).
-    Kept while committed results need it: the workdirs of results/cv_minilm/ (bf4b73e) and
-    results/cv_minilm_coherent_pruned/ (94a671b), trained before issue 42, hold such steps.
-    """
-    where = epath.Path(manager.directory) / str(step)
-    mesh = jax.tree.leaves(shardings)[0].mesh
-    replicated = sharding.replicated(mesh)
-    saved = traverse_util.unflatten_dict(
-        {p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated)
-         for p, m in saved_param_shapes(manager, step).items()})
-    items = {"params": ocp.args.StandardRestore(saved)}
-    if init_opt_state is not None:
-        old_opt_state = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-            jax.eval_shape(init_opt_state, saved))
-        items["opt_state"] = ocp.args.StandardRestore(old_opt_state)
-    restored = restore_items(manager, step, **items)
-    verify_arrays(meta, str(where), **{name: restored[name] for name in items})
-    try:
-        stacked = param_names.stack_layers(
-            traverse_util.flatten_dict(jax.device_get(restored.params)))
-    except ValueError as err:
-        raise CheckpointError(f"checkpoint {where}: its per-layer parameters do not stack: "
-                              f"{one_line(err)}") from None
-    wanted = traverse_util.flatten_dict(abstract)
-    differences = sorted(
-        [f"{'/'.join(p)} missing" for p in wanted if p not in stacked]
-        + [f"{'/'.join(p)} not in this model" for p in stacked if p not in wanted]
-        + [f"{'/'.join(p)} has shape {stacked[p].shape}, this model {wanted[p].shape}"
-           for p in wanted if p in stacked and stacked[p].shape != wanted[p].shape])
-    if differences:
+def refuse_per_layer(saved_shapes: Mapping[tuple[str, ...], Any], where: str) -> None:
+    """CheckpointError in one line when ``saved_shapes`` (``saved_param_shapes``) name one
+    layer per entry: a checkpoint saved before the layers were stacked (issue 42), whose reader
+    went when no committed result under results/ needed it."""
+    if param_names.per_layer_paths(saved_shapes):
         raise CheckpointError(
-            f"checkpoint {where} holds per-layer parameters (saved before layers were stacked) "
-            f"that differ from this model's once stacked: {differences[0]}"
-            + (f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""))
-    logging.info("%s: parameters saved per layer (before layers were stacked), stacked on "
-                 "reading", where)
-    params = jax.device_put(traverse_util.unflatten_dict(
-        {p: stacked[p].astype(wanted[p].dtype) for p in wanted}), shardings)
-    if init_opt_state is None:
-        return params, None
-    return params, _stack_leaves(jax.device_get(restored.opt_state), abstract_opt_state)
-
-
-def _components(path) -> tuple[str, ...]:
-    """A pytree key path as strings: list indices, attribute names and dict keys alike."""
-    return tuple(str(getattr(k, "idx", getattr(k, "name", getattr(k, "key", k))))
-                 for k in path)
-
-
-def _stack_leaves(old, abstract):
-    """The tree ``abstract`` filled from ``old`` (the same tree with per-layer parameter
-    paths): each leaf at a stacked path is its layers' leaves stacked (``param_names``)."""
-    leaves = {_components(p): v for p, v in jax.tree_util.tree_flatten_with_path(old)[0]}
-
-    def take(path, leaf):
-        path = _components(path)
-        layers = param_names.layer_paths(path, leaf.shape[0]) if leaf.shape else None
-        return (leaves[path] if layers is None
-                else np.stack([np.asarray(leaves[p]) for p in layers])).astype(leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(take, abstract)
+            f"checkpoint {where} holds per-layer parameters (saved before the layers were "
+            "stacked), which this trip_jax no longer reads: train the run again, or read it "
+            "with trip_jax e28b2fe or older")

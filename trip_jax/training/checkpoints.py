@@ -1,15 +1,16 @@
 """Orbax checkpoints of a training run, and restoring a trained model with no training code.
 
 A workdir holds ``checkpoints/{latest,selected,best_accuracy}/STEP`` beside its config and
-tokenizer; restoring verifies the checksums first and stacks older workdirs' per-layer
-parameters (both in ``checkpoint_reads``). Details: docs/reference.md#training.
+tokenizer; restoring verifies the checksums (``checkpoint_reads``) and refuses a checkpoint
+saved per layer. Details: docs/reference.md#training.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -17,14 +18,14 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from trip_jax.models import builders, param_names
+from flax import traverse_util
+
+from trip_jax.models import builders
 from trip_jax.runtime import paths, sharding
 from trip_jax.training.checkpoint_reads import (CheckpointError, DamagedCheckpointError,
-                                                check_compatible, restore_items,
-                                                restore_per_layer, saved_config,
-                                                saved_param_shapes, verify_arrays, verify_meta,
+                                                read_meta, refuse_per_layer, restore_items,
+                                                saved_config, saved_param_shapes, verify_arrays,
                                                 with_checksums)
-from trip_jax.training.reuse import reuse_built
 from trip_jax.config.sections import Config, MeshConfig
 from trip_jax.config.typed import as_dict
 from trip_jax.data.tokenizers import load_saved_tokenizer, save_tokenizer
@@ -158,23 +159,20 @@ class RunCheckpoints:
         step = manager.latest_step()
         if step is None:
             return None
-        meta = restore_items(manager, step, meta=ocp.args.JsonRestore()).meta
-        verify_meta(meta, str(epath.Path(manager.directory) / str(step)))
+        meta, _ = read_meta(manager, step, str(epath.Path(manager.directory) / str(step)))
         if not meta["metrics"]:  # saved by save_final: ranks below any scored checkpoint
             return None
         return ranking_score(kind, meta["metrics"])
 
     def restore_latest(self, abstract_params, abstract_opt_state, param_shardings,
-                       opt_shardings, config, *, init_opt_state: Callable
-                       ) -> tuple[Any, Any, dict]:
+                       opt_shardings, config) -> tuple[Any, Any, dict]:
         """Restores (params, opt_state, meta) of the newest intact checkpoint onto the given
         shardings, verified against its checksums.
 
         A damaged step is reported in one warning line and removed once an older intact step
         is found. CheckpointError when there is no checkpoint, when none is intact (nothing is
-        removed then), or when the newest belongs to another model config. A checkpoint saved
-        per layer (before layers were stacked) is read and stacked, its optimizer state in the
-        layout ``init_opt_state`` (the optimizer's ``init``) gives per-layer parameters.
+        removed then), or when the newest belongs to another model config or was saved per
+        layer (``refuse_per_layer``).
         """
         manager = self.managers[LATEST]
         steps = sorted(manager.all_steps(), reverse=True)
@@ -185,7 +183,7 @@ class RunCheckpoints:
             try:
                 restored = self._restore_latest_step(
                     step, _abstract(abstract_params, param_shardings),
-                    _abstract(abstract_opt_state, opt_shardings), config, init_opt_state)
+                    _abstract(abstract_opt_state, opt_shardings), config)
             except DamagedCheckpointError as err:
                 logging.warning("%s; %s", err, "trying the step before" if step != steps[-1]
                                 else "no older checkpoint is left")
@@ -202,21 +200,14 @@ class RunCheckpoints:
             f"no intact checkpoint to resume from in {manager.directory}: steps {damaged} are "
             "all damaged (see the warnings above); move them away to start afresh")
 
-    def _restore_latest_step(self, step: int, params, opt_state, config, init_opt_state
+    def _restore_latest_step(self, step: int, params, opt_state, config
                              ) -> tuple[Any, Any, dict]:
         """(params, opt_state, meta) of one latest step, verified (``restore_latest``);
         ``params`` and ``opt_state`` are the abstract trees with their shardings."""
         manager = self.managers[LATEST]
         where = str(epath.Path(manager.directory) / str(step))
-        meta = restore_items(manager, step, meta=ocp.args.JsonRestore()).meta
-        verify_meta(meta, where)
-        check_compatible(meta["config"], config, where)
-        if param_names.per_layer_paths(saved_param_shapes(manager, step)):
-            shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
-            new_params, new_opt_state = restore_per_layer(
-                manager, step, meta, params, shardings(params), init_opt_state=init_opt_state,
-                abstract_opt_state=opt_state)
-            return new_params, jax.device_put(new_opt_state, shardings(opt_state)), meta
+        meta, _ = read_meta(manager, step, where, config)
+        refuse_per_layer(saved_param_shapes(manager, step), where)
         restored = restore_items(manager, step, params=ocp.args.StandardRestore(params),
                                  opt_state=ocp.args.StandardRestore(opt_state))
         verify_arrays(meta, where, params=restored.params, opt_state=restored.opt_state)
@@ -278,15 +269,24 @@ def save_selected(workdir: str, step: int, params, meta: dict) -> None:
 class EvalModel:
     """A trained model rebuilt from its workdir: everything evaluation and prediction need."""
 
-    model: Any                     # TieredModel
     params: Any                    # placed with ``param_shardings`` on ``mesh``
     tokenizer: Any
     config: Config
-    meta: dict[str, Any]           # step, epoch, selection metrics, protocol, ...
+    meta: dict[str, Any]           # step, epoch, selection metrics, protocol, encoder config
     step: int
     kind: str                      # its kind (KINDS), whatever name it was asked by
     mesh: jax.sharding.Mesh
     param_shardings: Any
+
+    @functools.cached_property
+    def hf_config(self) -> Any:
+        """The encoder's transformers config, as saved in ``meta``."""
+        return builders.encoder_config_from_dict(self.meta["encoder_config"])
+
+    @functools.cached_property
+    def model(self) -> Any:
+        """The TieredModel of ``config`` and ``hf_config``, built on first use."""
+        return builders.build_model(self.config, self.hf_config)
 
 
 def _find_step(workdir: str, which: str | int) -> tuple[str, int]:
@@ -322,41 +322,27 @@ def restore_for_eval(workdir: str, which: str | int = SELECTED, *,
                      config: Config | None = None) -> EvalModel:
     """Rebuilds a trained model from ``workdir`` alone, ready to evaluate or predict.
 
-    ``which``: "selected" (default), "best_accuracy",
-    "latest" or a step number.
-    Parameters are restored with the shardings of ``mesh`` (default: every current device, with
-    the training run's fsdp size where it divides the device count), so a device count other
-    than the training run's works. With ``config``, a checkpoint trained with a different model
-    config is an error. The parameters are verified against the checksums saved with them:
-    DamagedCheckpointError on a mismatch or an unreadable file, a warning for a checkpoint
-    saved before checksums were recorded.
+    ``which``: "selected" (default), "best_accuracy", "latest" or a step number. Parameters
+    are restored as saved, with the shardings of ``mesh`` (default: every current device, with
+    the training run's fsdp size where it divides the device count), and verified against
+    their checksums (DamagedCheckpointError on a mismatch or an unreadable file). With
+    ``config``, a checkpoint of another model config is a CheckpointError.
     """
     kind, step = _find_step(workdir, which)
     manager = _manager(workdir, kind, keep=None, create=False)
     try:
         where = str(epath.Path(manager.directory) / str(step))
-        meta = restore_items(manager, step, meta=ocp.args.JsonRestore()).meta
-        verify_meta(meta, where)
-        if config is not None:
-            check_compatible(meta["config"], config, where)
-        saved = saved_config(meta["config"], where)
-        hf_config = builders.encoder_config_from_dict(meta["encoder_config"])
-        model = builders.build_model(saved, hf_config)
+        meta, saved = read_meta(manager, step, where, config)
+        shapes = saved_param_shapes(manager, step)
+        refuse_per_layer(shapes, where)
         mesh = mesh or _eval_mesh(saved.mesh.fsdp)
-        abstract = reuse_built(("param_shapes", model, saved.data.max_sentences),
-                               lambda: jax.eval_shape(
-                                   lambda rng: builders.init_params(model, rng,
-                                                                    saved.data.max_sentences),
-                                   jax.random.key(0)))
+        abstract = traverse_util.unflatten_dict(
+            {p: jax.ShapeDtypeStruct(m.shape, m.dtype) for p, m in shapes.items()})
         shardings = sharding.tree_shardings(mesh, abstract, saved.mesh.fsdp_min_size)
-        if param_names.per_layer_paths(saved_param_shapes(manager, step)):
-            params, _ = restore_per_layer(manager, step, meta, abstract, shardings)
-        else:
-            params = restore_items(manager, step, params=ocp.args.StandardRestore(
-                _abstract(abstract, shardings))).params
-            verify_arrays(meta, where, params=params)
+        params = restore_items(manager, step, params=ocp.args.StandardRestore(
+            _abstract(abstract, shardings))).params
+        verify_arrays(meta, where, params=params)
     finally:
         manager.close()
-    return EvalModel(model=model, params=params, tokenizer=load_tokenizer(workdir),
-                     config=saved, meta=meta, step=step, kind=kind, mesh=mesh,
-                     param_shardings=shardings)
+    return EvalModel(params=params, tokenizer=load_tokenizer(workdir), config=saved, meta=meta,
+                     step=step, kind=kind, mesh=mesh, param_shardings=shardings)

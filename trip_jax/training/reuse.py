@@ -1,5 +1,5 @@
-"""A process's table of built JAX pieces (trainers, eval steps, parameter shapes), so that runs,
-folds, members and checkpoints of one model trace and lower each of them once.
+"""A process's table of built JAX pieces (trainers, eval steps), so that runs, folds, members
+and checkpoints of one model trace and lower each of them once.
 """
 
 from __future__ import annotations
