@@ -98,16 +98,17 @@ def collapse_roles(roles: Iterable[str]) -> tuple[str, ...]:
 class Family:
     """One encoder family: everything the rest of the package knows about it.
 
-    ``build(hf_config, dtype=, remat=, unroll=)`` returns its Flax module (``Encoder``);
-    ``model_types``: the Hugging Face ``model_type`` values it serves; ``layers``: its parameter
-    layout; ``convert``: applied to a checkpoint ({path tuple: array}, PyTorch names split at
-    the dots) before renaming, or None; ``ignore_unexpected``: names of checkpoint tensors with
-    no place in the model that are not an error; ``tokenizer``: its tokenizer style;
-    ``position_offset``: absolute positions count from ``pad_token_id + 1`` (RoBERTa);
-    ``pooled``: the token whose hidden state stands for a row; ``random_config``: maps the
-    ``model.random_encoder`` keys (Hugging Face BERT names) to the family's config keywords;
-    ``published``: hub name -> the keys of its config.json that differ from the transformers
-    class's defaults (``published_sizes``: what ``--mode=compile`` builds without the network).
+    ``build(hf_config, dtype=, remat=, unroll=)`` (its module class) returns its Flax module
+    (``Encoder``); ``model_types``: the Hugging Face ``model_type`` values it serves;
+    ``layers``: its parameter layout; ``convert``: applied to a checkpoint ({path tuple: array},
+    PyTorch names split at the dots) before renaming, or None; ``ignore_unexpected``: names of
+    checkpoint tensors with no place in the model that are not an error; ``tokenizer``: its
+    tokenizer style; ``position_offset``: absolute positions count from ``pad_token_id + 1``
+    (RoBERTa); ``pooled``: the token whose hidden state stands for a row; ``random_config``:
+    maps the ``model.random_encoder`` keys (Hugging Face BERT names) to the family's config
+    keywords; ``published``: hub name -> the keys of its config.json that differ from the
+    transformers class's defaults (``published_sizes``: what ``--mode=compile`` builds without
+    the network).
     """
 
     name: str

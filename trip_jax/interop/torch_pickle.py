@@ -97,11 +97,6 @@ class NamedFunction:
         return f"NamedFunction({self.qualname})"
 
 
-class _Storage:
-    def __init__(self, dtype, key: str):
-        self.dtype, self.key = dtype, key
-
-
 class _StorageType:
     def __init__(self, name: str, dtype):
         self.name, self.dtype = name, dtype

@@ -220,11 +220,6 @@ TOKENIZER = TokenizerStyle(
 LAYERS = LayerLayout(stacked=("encoder", "layer"), per_layer=("encoder", "layer", "{}"))
 
 
-def build(hf_config, **options) -> BertEncoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return BertEncoder(config=hf_config, **options)
-
-
 # The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "bert-large-uncased": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
@@ -236,5 +231,5 @@ PUBLISHED = {
 }
 
 
-FAMILY = Family(name="bert", model_types=("bert",), build=build, layers=LAYERS,
+FAMILY = Family(name="bert", model_types=("bert",), build=BertEncoder, layers=LAYERS,
                 tokenizer=TOKENIZER, capabilities=Capabilities(mask_bias=True), published=PUBLISHED)

@@ -234,11 +234,6 @@ TOKENIZER = TokenizerStyle(
     token_types=False)
 
 
-def build(hf_config, **options) -> ModernBertEncoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return ModernBertEncoder(config=hf_config, **options)
-
-
 # The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "answerdotai/ModernBERT-large": dict(vocab_size=50368, hidden_size=1024,
@@ -250,7 +245,7 @@ PUBLISHED = {
 
 
 FAMILY = Family(
-    name="modernbert", model_types=("modernbert",), build=build,
+    name="modernbert", model_types=("modernbert",), build=ModernBertEncoder,
     layers=LayerLayout(stacked=(_BASE, "layers"), per_layer=(_BASE, "layers", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
     pooled="the row's first token ([CLS])", random_config=random_config, published=PUBLISHED)

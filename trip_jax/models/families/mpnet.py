@@ -135,11 +135,6 @@ def random_config(values: dict) -> dict:
                 max_position_embeddings=values["max_position_embeddings"] + PADDING_INDEX + 1)
 
 
-def build(hf_config, **options) -> MPNetEncoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return MPNetEncoder(config=hf_config, **options)
-
-
 # The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
 # The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
@@ -150,6 +145,6 @@ PUBLISHED = {
 }
 
 
-FAMILY = Family(name="mpnet", model_types=("mpnet",), build=build, layers=bert.LAYERS,
+FAMILY = Family(name="mpnet", model_types=("mpnet",), build=MPNetEncoder, layers=bert.LAYERS,
                 tokenizer=roberta.TOKENIZER, capabilities=Capabilities(token_types=False),
                 position_offset=True, random_config=random_config, published=PUBLISHED)

@@ -218,11 +218,6 @@ TOKENIZER = TokenizerStyle(
     cls=None, sep="</s>", single="$A </s>", pair="$A </s> $B </s>", token_types=False)
 
 
-def build(hf_config, **options) -> T5Encoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return T5Encoder(config=hf_config, **options)
-
-
 # The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "google/flan-t5-large": dict(vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816,
@@ -232,7 +227,7 @@ PUBLISHED = {
 
 
 FAMILY = Family(
-    name="t5", model_types=("t5",), build=build,
+    name="t5", model_types=("t5",), build=T5Encoder,
     layers=LayerLayout(stacked=("encoder", "block"), per_layer=("encoder", "block", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
     pooled="the row's first token (the entity's first piece: T5 has no [CLS])",
