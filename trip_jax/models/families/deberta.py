@@ -7,8 +7,6 @@ modules (layers stacked). Packing: docs/reference.md#hand-written-parts-and-why.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,11 +94,8 @@ def _gather_last(logits: jnp.ndarray, index: np.ndarray) -> jnp.ndarray:
     return jnp.take_along_axis(logits, full, axis=-1)
 
 
-class DebertaEmbeddings(nn.Module):
+class DebertaEmbeddings(layer_stack.Part):
     """Word (+ absolute position) (+ token type) embeddings, LayerNorm, padding zeroed."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, input_ids, token_type_ids, mask, deterministic: bool, segment_ids=None):
@@ -129,12 +124,9 @@ class DebertaEmbeddings(nn.Module):
         return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
 
-class DisentangledSelfAttention(nn.Module):
+class DisentangledSelfAttention(layer_stack.Part):
     """Attention logits: content-to-content plus content-to-position (c2p) and position-to-content
     (p2c)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     def _dense(self, features: int, name: str, use_bias: bool = True) -> nn.Dense:
         return nn.Dense(features, use_bias=use_bias, dtype=self.dtype, name=name)
@@ -200,11 +192,8 @@ class DisentangledSelfAttention(nn.Module):
         return context.reshape(batch, seq_len, width)
 
 
-class DebertaResidualOutput(nn.Module):
+class DebertaResidualOutput(layer_stack.Part):
     """Dense, dropout, then LayerNorm of the sum with the residual (torch's *Output modules)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden, residual, deterministic: bool):
@@ -213,11 +202,8 @@ class DebertaResidualOutput(nn.Module):
         return _layer_norm(self.config, self.dtype)(x + residual)
 
 
-class DebertaAttention(nn.Module):
+class DebertaAttention(layer_stack.Part):
     """Self-attention (``self``) followed by its output block (``output``)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden, pair_mask, rel_embeddings, deterministic: bool):
@@ -227,11 +213,8 @@ class DebertaAttention(nn.Module):
             context, hidden, deterministic)
 
 
-class DebertaIntermediate(nn.Module):
+class DebertaIntermediate(layer_stack.Part):
     """Feed-forward expansion with the config's activation."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden):
@@ -239,12 +222,8 @@ class DebertaIntermediate(nn.Module):
         return get_activation(self.config.hidden_act)(x)
 
 
-class DebertaLayer(nn.Module):
+class DebertaLayer(layer_stack.Layer):
     """One transformer layer: attention, intermediate, output (a step of ``layer_stack``)."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, hidden, pair_mask, rel_embeddings, index, first):
@@ -266,11 +245,8 @@ class DebertaLayer(nn.Module):
         return jax.lax.cond(index == 0, mixed, lambda y: y, out), None
 
 
-class DebertaConvLayer(nn.Module):
+class DebertaConvLayer(layer_stack.Part):
     """DeBERTa-v2's convolution that is mixed into the first layer's output."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden, residual, mask, deterministic: bool):
@@ -289,15 +265,10 @@ class DebertaConvLayer(nn.Module):
         return out * keep.astype(out.dtype)
 
 
-class DebertaLayerStack(nn.Module):
+class DebertaLayerStack(layer_stack.Stack):
     """Torch's ``DebertaEncoder``: relative embeddings, the layers (stacked and scanned under
     the name ``layer``: ``layer_stack``; per-layer names: ``param_names``) and (v2) the conv
     layer after the first."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
 
     @nn.compact
     def __call__(self, hidden, mask, deterministic: bool, segment_ids=None):
@@ -333,15 +304,10 @@ class DebertaLayerStack(nn.Module):
         return hidden
 
 
-class DebertaEncoder(nn.Module):
+class DebertaEncoder(layer_stack.Stack):
     """DeBERTa / DeBERTa-v2 without pooler (``encoder_registry.Encoder``): a DebertaConfig or
     DebertaV2Config; packed rows (``segment_ids``) encode as alone, but not with the v2
     convolution (``conv_kernel_size > 0``: NotImplementedError)."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None,
@@ -369,7 +335,6 @@ class DebertaEncoder(nn.Module):
             hidden, mask, deterministic, segment_ids)
 
 
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "microsoft/deberta-base": dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12,
         num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,

@@ -8,7 +8,6 @@ padding index 1 + 1, no token types, ``<s> a </s></s> b </s>``; names as ``MPNet
 from __future__ import annotations
 
 import types
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,17 +33,12 @@ def _check_config(config) -> None:
     if config.relative_attention_num_buckets < NUM_BUCKETS:
         raise ValueError(f"relative_attention_num_buckets={config.relative_attention_num_buckets}:"
                          f" Hugging Face's MPNet looks up {NUM_BUCKETS} buckets")
-    if config.hidden_size % config.num_attention_heads:
-        raise ValueError(f"hidden_size={config.hidden_size} is not a multiple of "
-                         f"num_attention_heads={config.num_attention_heads}")
+    bert.check_config(config)
 
 
-class MPNetAttention(nn.Module):
+class MPNetAttention(layer_stack.Part):
     """``attn`` (q, k, v, the scaled logits plus the summed bias, o), dropout, then
     ``LayerNorm`` of the residual sum."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
@@ -54,12 +48,8 @@ class MPNetAttention(nn.Module):
         return _layer_norm(self.config, self.dtype)(h + x)
 
 
-class MPNetLayer(nn.Module):
+class MPNetLayer(layer_stack.Layer):
     """One layer (scanned: ``layer_stack``): attention, intermediate, output; ``(x, None)``."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, bias):
@@ -69,13 +59,8 @@ class MPNetLayer(nn.Module):
             h, x, self.deterministic), None
 
 
-class MPNetTransformer(nn.Module):
+class MPNetTransformer(layer_stack.Stack):
     """Hugging Face's ``encoder``: the shared relative-attention table and the stacked layers."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
 
     @nn.compact
     def __call__(self, x, mask_bias, deterministic: bool):
@@ -90,18 +75,9 @@ class MPNetTransformer(nn.Module):
         return x
 
 
-class MPNetEncoder(nn.Module):
-    """MPNet's encoder returning the last hidden states [N, T, H] (``contract.Encoder``).
-
-    ``config`` a transformers MPNetConfig; ``token_type_ids`` are ignored (MPNet has none); with
-    ``segment_ids`` each packed row encodes as if alone (``bert.attention_bias``; positions
-    restart at each row).
-    """
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
+class MPNetEncoder(layer_stack.Stack):
+    """MPNet's encoder (``encoder_registry.Encoder``) of an MPNetConfig; token types
+    ignored, positions restart at each packed row."""
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
@@ -135,8 +111,6 @@ def random_config(values: dict) -> dict:
                 max_position_embeddings=values["max_position_embeddings"] + PADDING_INDEX + 1)
 
 
-# The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "sentence-transformers/all-mpnet-base-v2": dict(vocab_size=30527, hidden_size=768,
         num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
@@ -145,6 +119,7 @@ PUBLISHED = {
 }
 
 
+# The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
 FAMILY = Family(name="mpnet", model_types=("mpnet",), build=MPNetEncoder, layers=bert.LAYERS,
                 tokenizer=roberta.TOKENIZER, capabilities=Capabilities(token_types=False),
                 position_offset=True, random_config=random_config, published=PUBLISHED)

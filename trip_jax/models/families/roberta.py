@@ -17,7 +17,6 @@ TOKENIZER = TokenizerStyle(
     cls="<s>", sep="</s>", single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
     token_types=False)
 
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "roberta-large": dict(vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
         num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
