@@ -20,8 +20,10 @@ from trip_jax.models import builders
 TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.1,
             attention_probs_dropout_prob=0.1)
-# The model class whose checkpoint holds the encoder alone, where AutoModel's does not.
+# The model class whose checkpoint holds the encoder alone, where AutoModel's does not, and one
+# with more than the encoder (heads, a decoder), where AutoModelForMaskedLM has none.
 ENCODER_ONLY = {"t5": "T5EncoderModel"}
+WITH_HEADS = {"t5": "T5ForConditionalGeneration"}
 
 
 def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
@@ -38,16 +40,19 @@ def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
     return builders.encoder_config_from_dict({**values, **overrides})
 
 
-def tiny_torch_model(model_type: str, model_cls=None, **overrides):
-    """The torch model (``model_cls``, default the encoder alone) of ``tiny_config``, every
-    tensor perturbed (norms start at 1, biases at 0: each one then matters), eager attention."""
+def tiny_torch_model(model_type: str, model_cls=None, *, heads: bool = False, **overrides):
+    """The torch model (``model_cls``; default the encoder alone, with ``heads`` one with more)
+    of ``tiny_config``, every tensor perturbed (norms start at 1, biases at 0: each one then
+    matters), eager attention."""
     torch.manual_seed(0)
     config = tiny_config(model_type, **overrides)
     config._attn_implementation = "eager"
-    if model_cls is None and model_type in ENCODER_ONLY:
-        model_cls = getattr(transformers, ENCODER_ONLY[model_type])
-    model = (model_cls(config) if model_cls else transformers.AutoModel.from_config(config))
-    model = model.eval()
+    if model_cls is None:
+        table, auto = ((WITH_HEADS, transformers.AutoModelForMaskedLM) if heads
+                       else (ENCODER_ONLY, transformers.AutoModel))
+        model_cls = (getattr(transformers, table[model_type]) if model_type in table
+                     else auto.from_config)
+    model = model_cls(config).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))

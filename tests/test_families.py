@@ -1,10 +1,11 @@
 """The encoder families: one registry, read by every module that needs a family's knowledge, and
 the checks every family gets from it: parity with Hugging Face's PyTorch model on padded and
 packed rows from both checkpoint formats, token types ignored where it has none, a tiny run of
-the tiered model on its random encoder (its export: tests/test_export.py)."""
+the tiered model on its random encoder, its config (its export: tests/test_export.py)."""
 
 import ast
 import dataclasses
+import importlib
 import json
 import os
 import pathlib
@@ -25,6 +26,7 @@ from trip_jax.data import tokenizers
 from trip_jax import encoder_registry as registry
 from trip_jax import encoder_registry as contract
 from trip_jax.models import builders, param_names, weights
+from trip_jax.runtime import pypi_copies
 from trip_jax.training import checkpoints
 from trip_jax.reference import padding_row
 
@@ -196,6 +198,23 @@ def test_rows_alone_and_packed_match_torch_from_either_checkpoint_format(
     parity.assert_packed_rows_match(model, config, params, PARITY_TOL)
 
 
+@pytest.mark.usefixtures("highest_matmul_precision")
+@pytest.mark.parametrize("model_type", registry.MODEL_TYPES)
+def test_a_checkpoint_with_heads_loads_its_encoder_and_reports_the_rest(tmp_path, model_type):
+    """A masked-LM (T5: seq2seq) checkpoint: every parameter filled, the tensors of the modules
+    beside the encoder (heads, a decoder) reported unused, ours equal to its encoder's states."""
+    model = parity.tiny_torch_model(model_type, heads=True)
+    model.save_pretrained(tmp_path)
+    encoder = model.get_encoder() if model.config.is_encoder_decoder else model.base_model
+    inside = {id(p) for p in encoder.parameters()}
+    beside = {name for name, child in model.named_children() if child is not encoder
+              and not {id(p) for p in child.parameters()} <= inside}
+    config, params, report, _ = _load_with_report(tmp_path)
+    assert not report.missing and report.unused
+    assert {name.split(".")[0] for name in report.unused} <= beside, report.unused
+    parity.assert_padded_rows_match(encoder, config, params, PARITY_TOL)
+
+
 @pytest.mark.parametrize("family", [f for f in registry.families()
                                     if not f.capabilities.token_types], ids=lambda f: f.name)
 def test_a_family_without_token_types_ignores_them(family):
@@ -226,3 +245,26 @@ def test_the_tiered_model_trains_end_to_end_at_tiny_size(tiny_config, tmp_path, 
     steps = [r for r in log if r["split"] == "train"]
     assert [r["step"] for r in steps] == [2, 4]
     assert all(np.isfinite(r["loss/total"]) and r["grad_norm"] > 0 for r in steps)
+
+
+@pytest.mark.parametrize("family", registry.families(), ids=lambda f: f.name)
+def test_a_family_s_config_names_an_encoder_it_publishes_and_stops_in_one_line_uncached(
+        family, tmp_path, data_dir, main_install):
+    """configs/<unit>.py's hub encoder is one of the unit's ``published``; without a cache or
+    network main stops with one error line naming it (a PyPI copy's line: test_mpnet)."""
+    encoder = importlib.import_module(f"configs.{family.name}").get_config().model.encoder
+    assert encoder in family.published
+    if encoder in pypi_copies.COPIES:
+        return
+    env = main_install({**os.environ, "HF_HOME": str(tmp_path / "hf_empty"),
+                        "TRIP_DATA_DIR": data_dir, "PYTHONPATH": str(REPO)})
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(key, None)
+    result = subprocess.run([sys.executable, "-m", "trip_jax.main",
+                             f"--config=configs/{family.name}.py", f"--workdir={tmp_path / 'w'}"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in (result.stdout + result.stderr).splitlines()
+              if line.startswith("error: ")]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(errors) == 1 and f"could not load {encoder!r}" in errors[0]
+    assert "Traceback" not in result.stderr

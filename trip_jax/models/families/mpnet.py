@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from trip_jax.models import layer_stack
-from trip_jax.encoder_registry import Capabilities, Family
+from trip_jax.encoder_registry import Capabilities, Checkpoint, Family
 from trip_jax.models.families import bert, roberta
 from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput,
                                            BertSelfAttention, _embed, _layer_norm)
@@ -101,6 +101,21 @@ class MPNetEncoder(layer_stack.Stack):
 _PADDING = types.SimpleNamespace(pad_token_id=PADDING_INDEX)
 
 
+def convert(checkpoint: Checkpoint) -> Checkpoint:
+    """Hugging Face's ``embeddings`` modules at the module's top, as here, under a base-model
+    prefix (``mpnet.``: a masked-LM checkpoint) too."""
+    out: Checkpoint = {}
+    for path, value in checkpoint.items():
+        k = path.index("embeddings") if "embeddings" in path[:2] else None
+        if k is not None and path[k + 1:k + 2] in _EMBEDDINGS:
+            path = path[:k] + path[k + 1:]
+        out[path] = value
+    return out
+
+
+_EMBEDDINGS = (("word_embeddings",), ("position_embeddings",), ("LayerNorm",))
+
+
 def random_config(values: dict) -> dict:
     """``model.random_encoder`` as MPNetConfig keywords (no token types; positions need the
     padding index and one more)."""
@@ -122,4 +137,5 @@ PUBLISHED = {
 # The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
 FAMILY = Family(name="mpnet", model_types=("mpnet",), build=MPNetEncoder, layers=bert.LAYERS,
                 tokenizer=roberta.TOKENIZER, capabilities=Capabilities(token_types=False),
-                position_offset=True, random_config=random_config, published=PUBLISHED)
+                position_offset=True, convert=convert, random_config=random_config,
+                published=PUBLISHED)
