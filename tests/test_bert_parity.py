@@ -1,4 +1,6 @@
-"""Parity of the Flax BERT / RoBERTa encoders with Hugging Face's PyTorch models on the same weights."""
+"""The BERT / RoBERTa encoders and their checkpoints beyond the checks every family gets
+(tests/test_families.py): MiniLM's pretrained parity, sharded, Flax and headed checkpoints,
+bfloat16, remat, dropout, activations."""
 
 import importlib.util
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import encoder_parity as parity  # noqa: E402
 from trip_jax.models import weights  # noqa: E402
 from trip_jax.models.activations import get_activation  # noqa: E402
 from trip_jax.encoder_registry import build_encoder  # noqa: E402
@@ -18,39 +21,17 @@ from trip_jax.encoder_registry import build_encoder  # noqa: E402
 # Parity at full float32 on any device (conftest).
 pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
 TOL = 1e-4
-TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=64, max_position_embeddings=40)
-FAMILIES = {
-    "bert": (transformers.BertConfig, transformers.BertModel, dict(hidden_act="gelu")),
-    # RoBERTa: positions start at pad_id + 1 = 2, one token type, eps 1e-5, tanh GELU to cover it.
-    "roberta": (transformers.RobertaConfig, transformers.RobertaModel,
-                dict(pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu_new")),
-}
-
-
-def _tiny_torch_model(family: str):
-    config_cls, model_cls, extra = FAMILIES[family]
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**TINY, **extra)).eval()
-    # Init leaves LayerNorm at (1, 0) and biases at 0; perturb everything so each tensor matters.
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model
+# RoBERTa: positions start at pad_id + 1 = 2, one token type, eps 1e-5, tanh GELU to cover it.
+FAMILIES = {"bert": {}, "roberta": dict(layer_norm_eps=1e-5, hidden_act="gelu_new")}
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """family -> (torch model, directory with model.safetensors, directory with pytorch_model.bin)."""
     out = {}
-    for family in FAMILIES:
-        model = _tiny_torch_model(family)
-        st_dir = tmp_path_factory.mktemp(f"{family}_st")
-        model.save_pretrained(st_dir)
-        bin_dir = tmp_path_factory.mktemp(f"{family}_bin")
-        model.config.save_pretrained(bin_dir)
-        torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
-        out[family] = (model, st_dir, bin_dir)
+    for family, overrides in FAMILIES.items():
+        model = parity.tiny_torch_model(family, **overrides)
+        out[family] = (model, *parity.save_both(model, tmp_path_factory.mktemp(family)))
     return out
 
 
@@ -69,33 +50,14 @@ def _inputs(config, batch=3, length=9, seed=0):
     return ids, mask, types
 
 
-def _torch_out(model, ids, mask, types):
-    with torch.no_grad():
-        return model(input_ids=torch.tensor(ids, dtype=torch.long),
-                     attention_mask=torch.tensor(mask, dtype=torch.long),
-                     token_type_ids=torch.tensor(types, dtype=torch.long)).last_hidden_state.numpy()
-
-
 def _flax_out(config, params, ids, mask, types, dtype=jnp.float32):
     # Jitted: op-by-op dispatch is slower than compiling these tiny models.
     return jax.jit(build_encoder(config, dtype=dtype).apply)(
         {"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_tiny_random_parity(tiny, family, fmt):
-    model, st_dir, bin_dir = tiny[family]
-    config, params = weights.load_pretrained(st_dir if fmt == "safetensors" else bin_dir)
-    assert config.model_type == family
-    ids, mask, types = _inputs(config)
-    diff = np.abs(np.asarray(_flax_out(config, params, ids, mask, types))
-                  - _torch_out(model, ids, mask, types))
-    assert diff.max() <= TOL, diff.max()
-
-
 def test_roberta_positions_skip_padding():
-    config = transformers.RobertaConfig(**TINY, pad_token_id=1)
+    config = parity.tiny_config("roberta")
     from trip_jax.models.segments import position_ids
     ids = jnp.array([[0, 5, 6, 1, 1], [1, 7, 1, 8, 9]])
     np.testing.assert_array_equal(position_ids(config, ids, offset=True),
@@ -125,7 +87,7 @@ def test_minilm_pretrained_parity():
     ids, mask, types = _inputs(config, batch=3, length=24, seed=1)
     ids[:, 0] = 101  # [CLS]
     diff = np.abs(np.asarray(_flax_out(config, params, ids, mask, types))
-                  - _torch_out(model, ids, mask, types))
+                  - parity.torch_hidden(model, ids, mask, types))
     assert diff.max() <= TOL, diff.max()
 
 

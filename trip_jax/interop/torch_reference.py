@@ -11,6 +11,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+import jax
 import numpy as np
 import torch
 import transformers
@@ -21,8 +22,7 @@ from flax import traverse_util
 from trip_jax.data import schema
 from trip_jax.models import param_names
 from trip_jax.models.tiered import class_mask
-
-LEGACY_MASK_BIAS = -10000.0  # transformers 4.11's additive bias of masked keys
+from trip_jax.reference.padding_row import LEGACY_MASK_BIAS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +277,7 @@ def load_jax_params(model: ReferenceModel, params: Mapping) -> None:
     """Copies a trip-jax TieredModel parameter tree into ``model`` through the name table
     (``param_names.tiered_to_torch``); a parameter of ``model`` without a value, or a value
     without a parameter, is an error."""
-    state = param_names.tiered_to_torch(traverse_util.flatten_dict(_to_numpy(params)),
+    state = param_names.tiered_to_torch(traverse_util.flatten_dict(jax.device_get(params)),
                                         model.config.num_classes)
     expected = dict(model.named_parameters())
     missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
@@ -296,7 +296,7 @@ def torch_params_as_jax(model: ReferenceModel, like: Mapping) -> dict:
     """The torch parameters in the layout of the trip-jax tree ``like`` (for comparing after a
     step): the inverse of ``load_jax_params`` (``param_names.tiered_from_torch``); head
     columns a head lacks keep the values of ``like``."""
-    like = traverse_util.flatten_dict(_to_numpy(like))
+    like = traverse_util.flatten_dict(jax.device_get(like))
     tensors = {k: v.detach().numpy() for k, v in model.named_parameters()}
     flat, unused = param_names.tiered_from_torch(tensors, like, model.config.num_classes)
     missing = sorted("/".join(p) for p in like if p not in flat)
@@ -312,11 +312,4 @@ def torch_params_as_jax(model: ReferenceModel, like: Mapping) -> dict:
     return traverse_util.unflatten_dict(flat)
 
 
-def _map_tree(fn, tree):
-    if isinstance(tree, Mapping):
-        return {k: _map_tree(fn, v) for k, v in tree.items()}
-    return fn(tree)
 
-
-def _to_numpy(tree):
-    return _map_tree(np.asarray, tree)

@@ -151,17 +151,11 @@ class ConflictDetector(nn.Module):
 
 
 class TieredModel(nn.Module):
-    """The tiered reasoning model (docs/reference.md, "Model") over batch-contract arrays.
-
-    ``encoder`` is a module following the encoder contract; its parameters live under
-    ``params["encoder"]``. Every matmul of the model (encoder, heads, detector; their gradients
-    too) runs at ``matmul_precision`` (model.matmul_precision). ``max_sentences`` is S
-    (``data.max_sentences``); the attributes and their classes are the data's
-    (``trip_jax.data.schema``). ``padding_row`` (the original's, or None: padding cells get 0)
-    and ``cell_view`` (the class of the view the heads and the detector run on: ``RealCells``,
-    or the original's ``GridCells``) are chosen from ``config`` by ``build_tiered_model``, the
-    one place that reads ``padding_rows``, ``padding_row_*`` and ``cells``.
-    """
+    """The tiered reasoning model (docs/reference.md#model) over batch-contract arrays, built
+    by ``build_tiered_model``: ``encoder`` (``encoder_registry.Encoder``, its parameters under
+    ``params["encoder"]``), S = ``max_sentences``, every matmul at ``matmul_precision``; the
+    original's ``padding_row`` (or None: padding cells get 0) and the ``cell_view`` the heads
+    and the detector run on (``RealCells``, or the original's ``GridCells``)."""
 
     encoder: nn.Module
     max_sentences: int
@@ -234,17 +228,10 @@ class TieredModel(nn.Module):
 
     def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True
                        ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """The encoder's vector at each row's first token, the row's cell, and the padding
-        row's vector, from one encoder pass.
-
-        Every layout gives the encoder sequences ``input_ids`` [N, L] (with ``segment_ids``
-        where several rows share a sequence: the encoder then attends within a segment and
-        restarts positions there) and each row's first token ``row_start`` (flat n*L + l).
-        Returns rows float32 [R, H]; row_index int32 [R], the flat (B, 2, E, S) cell of each
-        row (B*2*E*S for a padding row); and with a ``padding_row`` the original's padding-row
-        vector float32 [H], encoded as one more sequence of the batch
-        (``PaddingRow.add_to``), else None.
-        """
+        """From one encoder pass: rows float32 [R, H] (each row's first token, ``row_start``:
+        flat n*L + l), row_index int32 [R] (each row's flat (B, 2, E, S) cell, B*2*E*S for a
+        padding row), and the ``padding_row``'s vector float32 [H] (``PaddingRow.add_to``) or
+        None."""
         inputs = {key: batch.get(key) for key in
                   ("input_ids", "attention_mask", "token_type_ids", "segment_ids")}
         row_start, extra = batch["row_start"], {}
@@ -283,15 +270,10 @@ def real_state_logits(pre_logits: jax.Array, eff_logits: jax.Array,
 def build_tiered_model(hf_config, config: TieredConfig = TieredConfig(), *, max_sentences: int,
                        dtype=jnp.float32, remat: bool = False, unroll: bool = False,
                        matmul_precision: str = "default") -> TieredModel:
-    """Builds a TieredModel of S = ``max_sentences`` whose encoder comes from
-    ``build_encoder(hf_config)``.
-
-    ``dtype``/``remat``/``unroll`` go to the encoder; the heads and detector compute in float32;
-    every matmul at ``matmul_precision`` (``jax.default_matmul_precision``'s name). The
-    original's padding row (``padding_rows="encoded"``) and grid cells (``cells="grid"``) are
-    chosen here (ValueError: ``padding_row_attention="legacy"`` for an encoder without
-    ``mask_bias``).
-    """
+    """The TieredModel of S = ``max_sentences`` around ``build_encoder(hf_config, dtype=,
+    remat=, unroll=)`` (heads and detector in float32), the one place that reads
+    ``padding_rows``, ``padding_row_*`` and ``cells`` (ValueError:
+    ``padding_row_attention="legacy"`` for an encoder without ``mask_bias``)."""
     encoder = build_encoder(hf_config, dtype=dtype, remat=remat, unroll=unroll)
     padding_row = (PaddingRow.for_encoder(encoder, config.padding_row_length,
                                           config.padding_row_attention)

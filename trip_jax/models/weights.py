@@ -2,7 +2,7 @@
 
 Conversion is by renaming, guided by the encoder's expected per-layer tree, then stacking the
 layers (``param_names``); a family that needs more declares a ``convert`` hook
-(``contract.Family``). Details: docs/reference.md#hand-written-parts-and-why.
+(``encoder_registry.Family``). Details: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def load_pretrained(name_or_path: str | Path, *, dtype=jnp.float32, strict: bool
     if report.missing:
         fresh = param_names.unstack_layers(
             traverse_util.flatten_dict(jax.device_get(_init_params(hf_config, seed))))
-        flat.update({k: np.asarray(fresh[k], dtype) for k in _paths(report.missing)})
+        flat.update({k: np.asarray(fresh[k], dtype)
+                     for k in (tuple(n.split("/")) for n in report.missing)})
     return hf_config, traverse_util.unflatten_dict(param_names.stack_layers(flat))
 
 
@@ -233,10 +234,6 @@ def _name(path: Path_, source: str) -> str:
     return "/".join(path) if source.endswith(".msgpack") else ".".join(path)
 
 
-def _paths(names) -> list[Path_]:
-    return [tuple(n.split("/")) for n in names]
-
-
 def _listing(names) -> str:
     names = list(names)
     more = f" ... and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else ""
@@ -323,13 +320,6 @@ def save_params(path: str | Path, params) -> None:
     Path(path).write_bytes(serialization.msgpack_serialize(host))
 
 
-def per_layer_tree(params):
-    """``params`` with the layers unstacked (Hugging Face's Flax layout: ``encoder/layer/0/...``),
-    as host arrays."""
-    flat = traverse_util.flatten_dict(jax.device_get(params))
-    return traverse_util.unflatten_dict(param_names.unstack_layers(flat))
-
-
 def load_params(path: str | Path):
     """Reads parameters written by ``save_params``, bit for bit."""
     return serialization.msgpack_restore(Path(path).read_bytes())
@@ -341,5 +331,7 @@ def save_pretrained(directory: str | Path, hf_config, params) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     hf_config.save_pretrained(str(directory))
-    save_params(directory / FLAX_WEIGHTS, per_layer_tree(params))
+    flat = traverse_util.flatten_dict(jax.device_get(params))
+    save_params(directory / FLAX_WEIGHTS,
+                traverse_util.unflatten_dict(param_names.unstack_layers(flat)))
     return directory

@@ -22,18 +22,10 @@ LEGACY_MASK_BIAS = -10000.0
 
 def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Array, length: int
                      ) -> tuple[dict[str, jax.Array], jax.Array]:
-    """The encoder inputs [N, L] plus a last sequence holding the padding row, as packed rows.
-
-    ``inputs``: input_ids, attention_mask, token_type_ids and segment_ids (None for the dense
-    layout: each row becomes segment 1 of its sequence, its attended tokens). The sequences are
-    widened to ``length`` tokens where shorter (padding tokens, segment 0); the last one holds
-    token ids 0, types 0 and attention mask 0 in segments of ``length`` tokens (copies of the
-    padding row, the last one cut; no token is a padding token, whose position could pass the
-    encoder's table). The encoders encode a packed row as alone, a fully masked one too
-    (``bert.attention_bias``, ``deberta.DebertaEncoder``), so the first copy's position-0
-    output, the last sequence's first, is the padding-row vector. Returns the inputs
-    [N + 1, max(L, length)] and ``row_start`` (flat n*L + l) in the widened sequences.
-    """
+    """The encoder inputs [N, L] (segment_ids None: the dense layout's rows become segment 1
+    of their sequences) widened to ``length`` tokens, plus a last sequence of packed copies of
+    the padding row (ids, types and mask 0; the encoders encode a fully masked packed row as
+    alone): the inputs [N + 1, max(L, length)] and ``row_start`` in them. Why: docs/fidelity.md."""
     segments = inputs["segment_ids"]
     if segments is None:
         segments = inputs["attention_mask"]
@@ -50,12 +42,12 @@ def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Arra
 def mask_bias_for(encoder: nn.Module, attention: str) -> float | None:
     """The ``mask_bias`` that masks the padding row as ``attention`` says: "legacy"
     ``LEGACY_MASK_BIAS`` (encoders whose family takes ``mask_bias``:
-    ``contract.Capabilities``; else ValueError), "masked" None (the encoder's own mask)."""
+    ``encoder_registry.Capabilities``; else ValueError), "masked" None (the encoder's own mask)."""
     if attention == "masked":
         return None
     if not family_of(encoder.config.model_type).capabilities.mask_bias:
         raise ValueError("padding_row_attention='legacy' reproduces transformers 4.11's "
-                         "additive mask of BERT/RoBERTa; use 'masked' for "
+                         "additive mask, which only some encoders take; use 'masked' for "
                          f"{type(encoder).__name__}")
     return LEGACY_MASK_BIAS
 

@@ -6,8 +6,6 @@ packed row encodes as if alone. Details: docs/reference.md#hand-written-parts-an
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -18,7 +16,7 @@ from trip_jax.encoder_registry import Capabilities, Family, LayerLayout, Tokeniz
 from trip_jax.models.segments import attention_bias, position_ids
 
 
-def _check_config(config) -> None:
+def check_config(config) -> None:
     """Refuses config options this encoder does not implement, instead of silently ignoring them."""
     kind = getattr(config, "position_embedding_type", None) or "absolute"
     if kind != "absolute":
@@ -47,11 +45,9 @@ def _layer_norm(config, dtype, name: str = "LayerNorm") -> nn.LayerNorm:
                         name=name)
 
 
-class BertEmbeddings(nn.Module):
+class BertEmbeddings(layer_stack.Part):
     """Word + token type + absolute position embeddings, LayerNorm, dropout."""
 
-    config: Any
-    dtype: Any = jnp.float32
     position_offset: bool = False
 
     @nn.compact
@@ -71,15 +67,13 @@ class BertEmbeddings(nn.Module):
         return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
 
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(layer_stack.Part):
     """Multi-head scaled dot-product self-attention; attention logits and softmax in float32.
 
     ``names``: the query, key and value projections' names; ``output``: the name of an output
     projection applied here (MPNet's ``o``), or None (BERT's sits in ``BertResidualOutput``).
     """
 
-    config: Any
-    dtype: Any = jnp.float32
     names: tuple[str, str, str] = ("query", "key", "value")
     output: str | None = None
 
@@ -100,11 +94,8 @@ class BertSelfAttention(nn.Module):
                                                       self.output)(out)
 
 
-class BertResidualOutput(nn.Module):
+class BertResidualOutput(layer_stack.Part):
     """Dense projection, dropout, then LayerNorm of the residual sum (HF's SelfOutput / Output)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, h, residual, deterministic: bool):
@@ -114,11 +105,8 @@ class BertResidualOutput(nn.Module):
         return _layer_norm(cfg, self.dtype)(h + residual)
 
 
-class BertAttention(nn.Module):
+class BertAttention(layer_stack.Part):
     """Self-attention followed by its output projection and residual LayerNorm."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
@@ -126,11 +114,8 @@ class BertAttention(nn.Module):
         return BertResidualOutput(self.config, self.dtype, name="output")(h, x, deterministic)
 
 
-class BertIntermediate(nn.Module):
+class BertIntermediate(layer_stack.Part):
     """The feed-forward expansion with the config's activation."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x):
@@ -139,13 +124,9 @@ class BertIntermediate(nn.Module):
         return get_activation(cfg.hidden_act)(h)
 
 
-class BertLayer(nn.Module):
+class BertLayer(layer_stack.Layer):
     """One transformer block: attention, intermediate, output. Returns ``(x, None)``, the
     carry of ``layer_stack.scanned``."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, bias):
@@ -155,14 +136,9 @@ class BertLayer(nn.Module):
             h, x, self.deterministic), None
 
 
-class BertTransformer(nn.Module):
+class BertTransformer(layer_stack.Stack):
     """HF's ``encoder`` submodule: the layers, stacked and scanned under the name ``layer``
     (``layer_stack``; per-layer names: ``param_names``), optionally rematerialised."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
@@ -172,34 +148,17 @@ class BertTransformer(nn.Module):
         return x
 
 
-class BertEncoder(nn.Module):
-    """BERT / RoBERTa encoder returning the last hidden states [N, T, H] in the compute dtype.
+class BertEncoder(layer_stack.Stack):
+    """BERT / RoBERTa (``encoder_registry.Encoder``): a BertConfig or RobertaConfig;
+    ``position_offset``: positions count from pad_token_id + 1 (``segments.position_ids``);
+    ``mask_bias`` replaces the additive bias of masked keys (``segments.attention_bias``)."""
 
-    ``config`` is a transformers BertConfig or RobertaConfig; ``dtype`` the compute dtype
-    (parameters are float32); ``remat`` rematerialises each layer in the backward pass;
-    ``unroll`` unrolls the layers' scan (``layer_stack.scanned``); ``position_offset``: positions
-    count from pad_token_id + 1 (RoBERTa, ``position_ids``).
-    Dropout is active when ``deterministic=False`` and needs a "dropout" rng. ``mask_bias``
-    replaces the additive bias of masked keys (``attention_bias``).
-
-    ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
-    padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
-    position ids restart at each row (RoBERTa: pad_token_id + 1 + offset), and token types are
-    used as given; ``attention_mask`` 0 masks a row's own tokens (``attention_bias``; the exact
-    mode's padding row is a fully masked row). Each row's hidden states equal those of the row
-    encoded alone. Without it nothing changes.
-    """
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
     position_offset: bool = False
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
                  mask_bias: float | None = None, segment_ids=None):
-        _check_config(self.config)
+        check_config(self.config)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         x = BertEmbeddings(self.config, self.dtype, self.position_offset, name="embeddings")(
@@ -220,12 +179,6 @@ TOKENIZER = TokenizerStyle(
 LAYERS = LayerLayout(stacked=("encoder", "layer"), per_layer=("encoder", "layer", "{}"))
 
 
-def build(hf_config, **options) -> BertEncoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return BertEncoder(config=hf_config, **options)
-
-
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "bert-large-uncased": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
         num_attention_heads=16, intermediate_size=4096, max_position_embeddings=512,
@@ -236,5 +189,5 @@ PUBLISHED = {
 }
 
 
-FAMILY = Family(name="bert", model_types=("bert",), build=build, layers=LAYERS,
+FAMILY = Family(name="bert", model_types=("bert",), build=BertEncoder, layers=LAYERS,
                 tokenizer=TOKENIZER, capabilities=Capabilities(mask_bias=True), published=PUBLISHED)

@@ -7,8 +7,6 @@ modules (layers stacked). Packing: docs/reference.md#hand-written-parts-and-why.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,10 +23,6 @@ def _is_v2(config) -> bool:
     return config.model_type == "deberta-v2"
 
 
-def _pos_att_type(config) -> list[str]:
-    return list(config.pos_att_type or [])
-
-
 def _max_relative_positions(config) -> int:
     mrp = getattr(config, "max_relative_positions", -1)
     return mrp if mrp >= 1 else config.max_position_embeddings
@@ -39,21 +33,8 @@ def _position_buckets(config) -> int:
     return getattr(config, "position_buckets", -1) if _is_v2(config) else -1
 
 
-def _head_dim(config) -> int:
-    default = config.hidden_size // config.num_attention_heads
-    return getattr(config, "attention_head_size", default) if _is_v2(config) else default
-
-
-def _scale_factor(config) -> int:
-    # v1 counts every entry of pos_att_type, v2 only the two it implements.
-    types = _pos_att_type(config)
-    if _is_v2(config):
-        return 1 + ("c2p" in types) + ("p2c" in types)
-    return 1 + len(types)
-
-
-def rel_embedding_rows(config) -> int:
-    """Rows of ``encoder/rel_embeddings`` for ``config`` (twice the attention span)."""
+def _rel_embedding_rows(config) -> int:
+    """Rows of ``encoder/rel_embeddings`` (twice the attention span)."""
     buckets = _position_buckets(config)
     return 2 * (buckets if buckets > 0 else _max_relative_positions(config))
 
@@ -73,40 +54,27 @@ def make_log_bucket_position(relative_pos: np.ndarray, bucket_size: int,
     return bucket.astype(np.int64)
 
 
-def relative_positions(config, seq_len: int) -> np.ndarray:
-    """int64 [T, T]: relative position of query i to key j (i - j, log-bucketed for v2)."""
-    ids = np.arange(seq_len)
-    rel = ids[:, None] - ids[None, :]
-    buckets = _position_buckets(config)
-    if buckets > 0:
-        rel = make_log_bucket_position(rel, buckets, _max_relative_positions(config))
-    return rel
-
-
 def relative_layout(config, seq_len: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """Static gather plan for the disentangled attention at sequence length ``seq_len``.
-
-    Returns ``(lo, hi, c2p_index, p2c_index)``: only rows ``lo..hi`` of the relative-embedding
-    table are ever read, so they alone are projected; ``c2p_index[q, k]`` and
-    ``p2c_index[k, q]`` index that slice (transformers' clamped indices, shifted by ``lo``).
-
-    Holds: the table row read for a distance d does not depend on ``seq_len`` (for any
-    ``seq_len`` at least as long as the row), so packed rows read the relative embeddings of the
-    row alone (docs/reference.md, "Hand-written parts").
-    """
-    rel = relative_positions(config, seq_len)
+    """The disentangled attention's static gather plan at length ``seq_len``: ``(lo, hi,
+    c2p_index, p2c_index)``; only table rows ``lo..hi`` are read (and projected), the indices
+    [q, k] and [k, q] (transformers' clamped ones) point into that slice. The row read for a
+    distance does not depend on ``seq_len`` (docs/reference.md#hand-written-parts-and-why)."""
+    ids = np.arange(seq_len)
+    rel = ids[:, None] - ids[None, :]  # query i to key j, log-bucketed for v2
+    if _position_buckets(config) > 0:
+        rel = make_log_bucket_position(rel, _position_buckets(config),
+                                       _max_relative_positions(config))
     if _is_v2(config):
-        span = rel_embedding_rows(config) // 2
-        offset = 0
-    else:
-        # v1 reads rows [mrp - span, mrp + span) with span = min(T, mrp).
+        span, offset = _rel_embedding_rows(config) // 2, 0
+    else:  # v1 reads rows [mrp - span, mrp + span) with span = min(T, mrp)
         mrp = _max_relative_positions(config)
         span = min(seq_len, mrp)
         offset = mrp - span
     c2p = np.clip(rel + span, 0, 2 * span - 1) + offset
     # Rows of this matrix are keys and columns queries (transformers gathers then transposes).
     p2c = np.clip(-rel + span, 0, 2 * span - 1) + offset
-    used = [idx for kind, idx in (("c2p", c2p), ("p2c", p2c)) if kind in _pos_att_type(config)]
+    used = [idx for kind, idx in (("c2p", c2p), ("p2c", p2c))
+            if kind in (config.pos_att_type or [])]
     if not used:
         return 0, -1, c2p, p2c
     lo = int(min(idx.min() for idx in used))
@@ -126,23 +94,13 @@ def _gather_last(logits: jnp.ndarray, index: np.ndarray) -> jnp.ndarray:
     return jnp.take_along_axis(logits, full, axis=-1)
 
 
-def split_heads_3(qkv: jnp.ndarray, heads: int) -> jnp.ndarray:
-    """[N, T, 3 * heads * d] -> [N, T, heads, 3 * d] (DeBERTa v1's per-head fused layout)."""
-    return qkv.reshape(qkv.shape[:-1] + (heads, qkv.shape[-1] // heads))
-
-
-class DebertaEmbeddings(nn.Module):
+class DebertaEmbeddings(layer_stack.Part):
     """Word (+ absolute position) (+ token type) embeddings, LayerNorm, padding zeroed."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, input_ids, token_type_ids, mask, deterministic: bool, segment_ids=None):
-        """Returns embeddings [N, T, H]; ``mask`` [N, T] zeroes padding positions.
-
-        With ``segment_ids`` (packed rows) absolute positions restart at each row.
-        """
+        """Embeddings [N, T, H], zero where ``mask`` [N, T] is; positions restart at each
+        packed row."""
         cfg = self.config
         emb_size = getattr(cfg, "embedding_size", cfg.hidden_size)
         x = nn.Embed(cfg.vocab_size, emb_size, dtype=self.dtype,
@@ -166,12 +124,9 @@ class DebertaEmbeddings(nn.Module):
         return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
 
-class DisentangledSelfAttention(nn.Module):
+class DisentangledSelfAttention(layer_stack.Part):
     """Attention logits: content-to-content plus content-to-position (c2p) and position-to-content
     (p2c)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     def _dense(self, features: int, name: str, use_bias: bool = True) -> nn.Dense:
         return nn.Dense(features, use_bias=use_bias, dtype=self.dtype, name=name)
@@ -180,31 +135,33 @@ class DisentangledSelfAttention(nn.Module):
     def __call__(self, hidden, pair_mask, rel_embeddings, deterministic: bool):
         """hidden [N, T, H], pair_mask bool [N, 1, T, T], rel_embeddings: the table rows that
         ``relative_layout`` says are used (or None) -> context [N, T, heads * head_dim]."""
-        cfg = self.config
+        cfg, v2 = self.config, _is_v2(self.config)
         batch, seq_len, _ = hidden.shape
-        heads, head_dim = cfg.num_attention_heads, _head_dim(cfg)
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "attention_head_size", cfg.hidden_size // heads) if v2 else (
+            cfg.hidden_size // heads)
         width = heads * head_dim
-        types = _pos_att_type(cfg)
+        types = list(cfg.pos_att_type or [])
+        split_heads = lambda x: x.reshape(x.shape[:-1] + (heads, head_dim))
 
-        def split_heads(x):
-            return x.reshape(x.shape[:-1] + (heads, head_dim))
-
-        if _is_v2(cfg):
+        if v2:
             query_proj = self._dense(width, "query_proj")
             key_proj = self._dense(width, "key_proj")
             query = split_heads(query_proj(hidden))
             key = split_heads(key_proj(hidden))
             value = split_heads(self._dense(width, "value_proj")(hidden))
-        else:
-            # The fused projection is laid out per head as [q | k | v].
+        else:  # one fused projection, laid out per head as [q | k | v]
             qkv = self._dense(3 * width, "in_proj", use_bias=False)(hidden)
-            query, key, value = jnp.split(split_heads_3(qkv, heads), 3, axis=-1)
+            query, key, value = jnp.split(qkv.reshape(qkv.shape[:-1] + (heads, 3 * head_dim)),
+                                          3, axis=-1)
             q_bias = self.param("q_bias", nn.initializers.zeros, (width,))
             v_bias = self.param("v_bias", nn.initializers.zeros, (width,))
             query = query + split_heads(q_bias.astype(self.dtype))
             value = value + split_heads(v_bias.astype(self.dtype))
 
-        scale = np.sqrt(np.float32(head_dim * _scale_factor(cfg))).astype(np.float32)
+        # v1 counts every entry of pos_att_type, v2 only the two it implements.
+        factor = 1 + (("c2p" in types) + ("p2c" in types) if v2 else len(types))
+        scale = np.sqrt(np.float32(head_dim * factor)).astype(np.float32)
         query = query / jnp.asarray(scale, query.dtype)
         logits = jnp.einsum("nqhd,nkhd->nhqk", query, key)
 
@@ -212,23 +169,16 @@ class DisentangledSelfAttention(nn.Module):
             _, _, c2p_index, p2c_index = relative_layout(cfg, seq_len)
             rel = nn.Dropout(cfg.hidden_dropout_prob)(rel_embeddings.astype(self.dtype),
                                                       deterministic=deterministic)
-            share = _is_v2(cfg) and getattr(cfg, "share_att_key", False)
+            share = v2 and getattr(cfg, "share_att_key", False)
             if "c2p" in types:
-                if share:
-                    pos_key = key_proj(rel)
-                elif _is_v2(cfg):
-                    pos_key = self._dense(width, "pos_key_proj")(rel)
-                else:
-                    pos_key = self._dense(width, "pos_proj", use_bias=False)(rel)
+                pos_key = (key_proj(rel) if share
+                           else self._dense(width, "pos_key_proj")(rel) if v2
+                           else self._dense(width, "pos_proj", use_bias=False)(rel))
                 c2p = jnp.einsum("nqhd,rhd->nhqr", query, split_heads(pos_key))
                 logits = logits + _gather_last(c2p, c2p_index)
             if "p2c" in types:
-                if share:
-                    pos_query = query_proj(rel)
-                elif _is_v2(cfg):
-                    pos_query = self._dense(width, "pos_query_proj")(rel)
-                else:
-                    pos_query = self._dense(width, "pos_q_proj")(rel)
+                pos_query = (query_proj(rel) if share
+                             else self._dense(width, "pos_query_proj" if v2 else "pos_q_proj")(rel))
                 pos_query = split_heads(pos_query) / jnp.asarray(scale, pos_query.dtype)
                 p2c = jnp.einsum("nkhd,rhd->nhkr", key, pos_query)
                 logits = logits + jnp.swapaxes(_gather_last(p2c, p2c_index), -1, -2)
@@ -242,54 +192,38 @@ class DisentangledSelfAttention(nn.Module):
         return context.reshape(batch, seq_len, width)
 
 
-class DebertaResidualOutput(nn.Module):
+class DebertaResidualOutput(layer_stack.Part):
     """Dense, dropout, then LayerNorm of the sum with the residual (torch's *Output modules)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden, residual, deterministic: bool):
-        """Returns LayerNorm(dropout(dense(hidden)) + residual)."""
         x = nn.Dense(self.config.hidden_size, dtype=self.dtype, name="dense")(hidden)
         x = nn.Dropout(self.config.hidden_dropout_prob)(x, deterministic=deterministic)
         return _layer_norm(self.config, self.dtype)(x + residual)
 
 
-class DebertaAttention(nn.Module):
+class DebertaAttention(layer_stack.Part):
     """Self-attention (``self``) followed by its output block (``output``)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden, pair_mask, rel_embeddings, deterministic: bool):
-        """Returns the attention block's output [N, T, H]."""
         context = DisentangledSelfAttention(self.config, self.dtype, name="self")(
             hidden, pair_mask, rel_embeddings, deterministic)
         return DebertaResidualOutput(self.config, self.dtype, name="output")(
             context, hidden, deterministic)
 
 
-class DebertaIntermediate(nn.Module):
+class DebertaIntermediate(layer_stack.Part):
     """Feed-forward expansion with the config's activation."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden):
-        """Returns act(dense(hidden)) [N, T, intermediate_size]."""
         x = nn.Dense(self.config.intermediate_size, dtype=self.dtype, name="dense")(hidden)
         return get_activation(self.config.hidden_act)(x)
 
 
-class DebertaLayer(nn.Module):
+class DebertaLayer(layer_stack.Layer):
     """One transformer layer: attention, intermediate, output (a step of ``layer_stack``)."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, hidden, pair_mask, rel_embeddings, index, first):
@@ -311,15 +245,12 @@ class DebertaLayer(nn.Module):
         return jax.lax.cond(index == 0, mixed, lambda y: y, out), None
 
 
-class DebertaConvLayer(nn.Module):
+class DebertaConvLayer(layer_stack.Part):
     """DeBERTa-v2's convolution that is mixed into the first layer's output."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden, residual, mask, deterministic: bool):
-        """Returns LayerNorm(residual + act(dropout(conv(hidden)))) with padding zeroed."""
+        """LayerNorm(residual + act(dropout(conv(hidden)))), padding zeroed."""
         cfg = self.config
         kernel = getattr(cfg, "conv_kernel_size", 3)
         pad = (kernel - 1) // 2
@@ -334,26 +265,19 @@ class DebertaConvLayer(nn.Module):
         return out * keep.astype(out.dtype)
 
 
-class DebertaLayerStack(nn.Module):
+class DebertaLayerStack(layer_stack.Stack):
     """Torch's ``DebertaEncoder``: relative embeddings, the layers (stacked and scanned under
     the name ``layer``: ``layer_stack``; per-layer names: ``param_names``) and (v2) the conv
     layer after the first."""
 
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
-
     @nn.compact
     def __call__(self, hidden, mask, deterministic: bool, segment_ids=None):
-        """hidden [N, T, H] embeddings, mask bool [N, T] -> last hidden state [N, T, H].
-
-        With ``segment_ids`` [N, T] attention stays within each packed row.
-        """
+        """Embeddings [N, T, H], mask bool [N, T] -> the last hidden states [N, T, H];
+        attention within each packed row of ``segment_ids``."""
         cfg = self.config
         rel = None
         if getattr(cfg, "relative_attention", False):
-            table = nn.Embed(rel_embedding_rows(cfg), cfg.hidden_size,
+            table = nn.Embed(_rel_embedding_rows(cfg), cfg.hidden_size,
                              name="rel_embeddings").embedding
             lo, hi, _, _ = relative_layout(cfg, hidden.shape[1])
             rel = table[lo:hi + 1]
@@ -380,35 +304,14 @@ class DebertaLayerStack(nn.Module):
         return hidden
 
 
-class DebertaEncoder(nn.Module):
-    """DeBERTa / DeBERTa-v2 base model without pooler: ids -> last hidden state.
-
-    ``config`` is the Hugging Face DebertaConfig / DebertaV2Config; ``dtype`` is the compute
-    dtype (parameters stay float32); ``remat`` rematerialises each layer in the backward pass;
-    ``unroll`` unrolls the layers' scan (``layer_stack.scanned``).
-
-    ``segment_ids`` (int [N, P], optional) packs several rows into each sequence: 0 marks
-    padding, k >= 1 the k-th row (a contiguous run). A token then attends only to its own row,
-    absolute positions (if the config uses them) restart at each row, and token types are used
-    as given; ``attention_mask`` 0 masks a row's own tokens as an unpacked row's (the exact
-    mode's padding row is a fully masked row). Each row's hidden states equal those of the row
-    encoded alone. Configs with the v2 convolution
-    (``conv_kernel_size > 0``) raise NotImplementedError. Without it nothing changes.
-    """
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
+class DebertaEncoder(layer_stack.Stack):
+    """DeBERTa / DeBERTa-v2 without pooler (``encoder_registry.Encoder``): a DebertaConfig or
+    DebertaV2Config; packed rows (``segment_ids``) encode as alone, but not with the v2
+    convolution (``conv_kernel_size > 0``: NotImplementedError)."""
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None,
                  deterministic: bool = True, segment_ids=None):
-        """input_ids / attention_mask / token_type_ids int [N, T] -> float [N, T, H].
-
-        Dropout is active when ``deterministic`` is False and draws from the "dropout" rng.
-        ``segment_ids`` int [N, T] marks packed rows (see the class docstring).
-        """
         if getattr(self.config, "talking_head", False):
             raise ValueError("DeBERTa talking_head attention is not supported")
         if segment_ids is not None:
@@ -432,15 +335,6 @@ class DebertaEncoder(nn.Module):
             hidden, mask, deterministic, segment_ids)
 
 
-def build(hf_config, **options) -> DebertaEncoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return DebertaEncoder(config=hf_config, **options)
-
-
-# Checkpoints ship position_embeddings even when position_biased_input is false (then the
-# model has none; with it true they load as usual), as Hugging Face's
-# _keys_to_ignore_on_load_unexpected.
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "microsoft/deberta-base": dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12,
         num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,
@@ -450,6 +344,8 @@ PUBLISHED = {
 }
 
 
-FAMILY = Family(name="deberta", model_types=("deberta", "deberta-v2"), build=build,
+# ignore_unexpected: checkpoints ship position_embeddings even where position_biased_input is
+# false (Hugging Face's _keys_to_ignore_on_load_unexpected).
+FAMILY = Family(name="deberta", model_types=("deberta", "deberta-v2"), build=DebertaEncoder,
                 layers=bert.LAYERS, tokenizer=bert.TOKENIZER,
                 ignore_unexpected=("position_embeddings",), published=PUBLISHED)

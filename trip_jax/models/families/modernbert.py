@@ -6,8 +6,6 @@ GeGLU, pre-norm layers alternating global and local (sliding-window) attention, 
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,11 +53,8 @@ def _rotate(x, cos, sin):
     return (x32 * cos[:, :, None] + turned.astype(jnp.float32) * sin[:, :, None]).astype(x.dtype)
 
 
-class ModernBertAttention(nn.Module):
+class ModernBertAttention(layer_stack.Part):
     """Fused q/k/v projection, rotary positions, scaled attention over ``bias``, output."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, bias, cos, sin, deterministic: bool):
@@ -81,11 +76,8 @@ class ModernBertAttention(nn.Module):
         return nn.Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
 
 
-class ModernBertMLP(nn.Module):
+class ModernBertMLP(layer_stack.Part):
     """GeGLU: Wi to twice the width, act(first half) * second half, dropout, Wo."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, deterministic: bool):
@@ -99,14 +91,10 @@ class ModernBertMLP(nn.Module):
         return _dense(cfg, cfg.hidden_size, out_std, cfg.mlp_bias, self.dtype, "Wo")(h)
 
 
-class ModernBertLayer(nn.Module):
+class ModernBertLayer(layer_stack.Layer):
     """One pre-norm layer (scanned: ``layer_stack``); returns ``(x, None)``. Layer 0 has no
     attention norm in Hugging Face's model: its ``attn_norm`` exists here for stacking and is
     skipped (``convert`` fills it)."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, biases, ropes, index, is_global):
@@ -121,13 +109,8 @@ class ModernBertLayer(nn.Module):
         return x + ModernBertMLP(cfg, self.dtype, name="mlp")(h, self.deterministic), None
 
 
-class ModernBertBody(nn.Module):
+class ModernBertBody(layer_stack.Stack):
     """Hugging Face's ``ModernBertModel`` (named ``model`` as in its masked-LM checkpoints)."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, deterministic: bool, segment_ids=None):
@@ -159,12 +142,9 @@ class ModernBertBody(nn.Module):
         return _layer_norm(cfg, self.dtype, "final_norm")(x)
 
 
-class Embeddings(nn.Module):
+class Embeddings(layer_stack.Part):
     """Hugging Face's ``embeddings``: the token embedding (``tok_embeddings``), norm, dropout;
     the padding token's vector gets no gradient (torch's ``padding_idx``)."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, input_ids, deterministic: bool):
@@ -179,18 +159,9 @@ class Embeddings(nn.Module):
         return nn.Dropout(cfg.embedding_dropout)(x, deterministic=deterministic)
 
 
-class ModernBertEncoder(nn.Module):
-    """ModernBERT returning the last hidden states [N, T, H] (``contract.Encoder``).
-
-    ``token_type_ids`` are ignored (ModernBERT has none). With ``segment_ids`` each packed row
-    gets rotary positions from 0, attends only to itself (local layers within the window) and
-    equals the row encoded alone; a fully masked row attends uniformly over its own tokens.
-    """
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
+class ModernBertEncoder(layer_stack.Stack):
+    """ModernBERT (``encoder_registry.Encoder``); token types ignored, a packed row's rotary
+    positions from 0 and its local layers' window within it."""
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
@@ -234,12 +205,6 @@ TOKENIZER = TokenizerStyle(
     token_types=False)
 
 
-def build(hf_config, **options) -> ModernBertEncoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return ModernBertEncoder(config=hf_config, **options)
-
-
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "answerdotai/ModernBERT-large": dict(vocab_size=50368, hidden_size=1024,
         intermediate_size=2624, num_hidden_layers=28, num_attention_heads=16,
@@ -250,7 +215,7 @@ PUBLISHED = {
 
 
 FAMILY = Family(
-    name="modernbert", model_types=("modernbert",), build=build,
+    name="modernbert", model_types=("modernbert",), build=ModernBertEncoder,
     layers=LayerLayout(stacked=(_BASE, "layers"), per_layer=(_BASE, "layers", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
     pooled="the row's first token ([CLS])", random_config=random_config, published=PUBLISHED)

@@ -8,14 +8,13 @@ padding index 1 + 1, no token types, ``<s> a </s></s> b </s>``; names as ``MPNet
 from __future__ import annotations
 
 import types
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
 from trip_jax.models import layer_stack
-from trip_jax.encoder_registry import Capabilities, Family
+from trip_jax.encoder_registry import Capabilities, Checkpoint, Family
 from trip_jax.models.families import bert, roberta
 from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput,
                                            BertSelfAttention, _embed, _layer_norm)
@@ -34,17 +33,12 @@ def _check_config(config) -> None:
     if config.relative_attention_num_buckets < NUM_BUCKETS:
         raise ValueError(f"relative_attention_num_buckets={config.relative_attention_num_buckets}:"
                          f" Hugging Face's MPNet looks up {NUM_BUCKETS} buckets")
-    if config.hidden_size % config.num_attention_heads:
-        raise ValueError(f"hidden_size={config.hidden_size} is not a multiple of "
-                         f"num_attention_heads={config.num_attention_heads}")
+    bert.check_config(config)
 
 
-class MPNetAttention(nn.Module):
+class MPNetAttention(layer_stack.Part):
     """``attn`` (q, k, v, the scaled logits plus the summed bias, o), dropout, then
     ``LayerNorm`` of the residual sum."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
@@ -54,12 +48,8 @@ class MPNetAttention(nn.Module):
         return _layer_norm(self.config, self.dtype)(h + x)
 
 
-class MPNetLayer(nn.Module):
+class MPNetLayer(layer_stack.Layer):
     """One layer (scanned: ``layer_stack``): attention, intermediate, output; ``(x, None)``."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, bias):
@@ -69,13 +59,8 @@ class MPNetLayer(nn.Module):
             h, x, self.deterministic), None
 
 
-class MPNetTransformer(nn.Module):
+class MPNetTransformer(layer_stack.Stack):
     """Hugging Face's ``encoder``: the shared relative-attention table and the stacked layers."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
 
     @nn.compact
     def __call__(self, x, mask_bias, deterministic: bool):
@@ -90,18 +75,9 @@ class MPNetTransformer(nn.Module):
         return x
 
 
-class MPNetEncoder(nn.Module):
-    """MPNet's encoder returning the last hidden states [N, T, H] (``contract.Encoder``).
-
-    ``config`` a transformers MPNetConfig; ``token_type_ids`` are ignored (MPNet has none); with
-    ``segment_ids`` each packed row encodes as if alone (``bert.attention_bias``; positions
-    restart at each row).
-    """
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
+class MPNetEncoder(layer_stack.Stack):
+    """MPNet's encoder (``encoder_registry.Encoder``) of an MPNetConfig; token types
+    ignored, positions restart at each packed row."""
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
@@ -125,6 +101,21 @@ class MPNetEncoder(nn.Module):
 _PADDING = types.SimpleNamespace(pad_token_id=PADDING_INDEX)
 
 
+def convert(checkpoint: Checkpoint) -> Checkpoint:
+    """Hugging Face's ``embeddings`` modules at the module's top, as here, under a base-model
+    prefix (``mpnet.``: a masked-LM checkpoint) too."""
+    out: Checkpoint = {}
+    for path, value in checkpoint.items():
+        k = path.index("embeddings") if "embeddings" in path[:2] else None
+        if k is not None and path[k + 1:k + 2] in _EMBEDDINGS:
+            path = path[:k] + path[k + 1:]
+        out[path] = value
+    return out
+
+
+_EMBEDDINGS = (("word_embeddings",), ("position_embeddings",), ("LayerNorm",))
+
+
 def random_config(values: dict) -> dict:
     """``model.random_encoder`` as MPNetConfig keywords (no token types; positions need the
     padding index and one more)."""
@@ -135,13 +126,6 @@ def random_config(values: dict) -> dict:
                 max_position_embeddings=values["max_position_embeddings"] + PADDING_INDEX + 1)
 
 
-def build(hf_config, **options) -> MPNetEncoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return MPNetEncoder(config=hf_config, **options)
-
-
-# The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "sentence-transformers/all-mpnet-base-v2": dict(vocab_size=30527, hidden_size=768,
         num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
@@ -150,6 +134,8 @@ PUBLISHED = {
 }
 
 
-FAMILY = Family(name="mpnet", model_types=("mpnet",), build=build, layers=bert.LAYERS,
+# The tokenizer's conventions are RoBERTa's (<s>, <pad> = 1, </s>); the pooler is not used.
+FAMILY = Family(name="mpnet", model_types=("mpnet",), build=MPNetEncoder, layers=bert.LAYERS,
                 tokenizer=roberta.TOKENIZER, capabilities=Capabilities(token_types=False),
-                position_offset=True, random_config=random_config, published=PUBLISHED)
+                position_offset=True, convert=convert, random_config=random_config,
+                published=PUBLISHED)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from trip_jax.encoder_registry import Capabilities, Family, TokenizerStyle
 from trip_jax.models.families import bert
 from trip_jax.models.families.bert import BertEncoder
@@ -15,13 +17,6 @@ TOKENIZER = TokenizerStyle(
     cls="<s>", sep="</s>", single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
     token_types=False)
 
-
-def build(hf_config, **options) -> BertEncoder:
-    """The encoder (options: dtype, remat, unroll), positions after the padding id."""
-    return BertEncoder(config=hf_config, position_offset=FAMILY.position_offset, **options)
-
-
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "roberta-large": dict(vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
         num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
@@ -29,6 +24,7 @@ PUBLISHED = {
 }
 
 
-FAMILY = Family(name="roberta", model_types=("roberta",), build=build, layers=bert.LAYERS,
+FAMILY = Family(name="roberta", model_types=("roberta",),
+                build=functools.partial(BertEncoder, position_offset=True), layers=bert.LAYERS,
                 tokenizer=TOKENIZER, capabilities=Capabilities(mask_bias=True),
                 position_offset=True, published=PUBLISHED)

@@ -45,11 +45,8 @@ class RMSNorm(nn.Module):
         return (scale * x32).astype(self.dtype)
 
 
-class T5SelfAttention(nn.Module):
+class T5SelfAttention(layer_stack.Part):
     """Unscaled multi-head attention (q, k, v, o without bias) over the summed bias."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, bias, deterministic: bool):
@@ -69,11 +66,8 @@ class T5SelfAttention(nn.Module):
             out.reshape(out.shape[:-2] + (inner,)))
 
 
-class T5FeedForward(nn.Module):
+class T5FeedForward(layer_stack.Part):
     """Hugging Face's DenseReluDense: wi -> act -> wo, or (gated) act(wi_0) * wi_1 -> wo."""
-
-    config: Any
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, deterministic: bool):
@@ -90,13 +84,9 @@ class T5FeedForward(nn.Module):
                       "wo")(h)
 
 
-class T5Sublayers(nn.Module):
+class T5Sublayers(layer_stack.Layer):
     """Hugging Face's ``block.{i}.layer``: 0 the self-attention, 1 the feed-forward, each
     pre-normed with a residual."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, bias):
@@ -123,25 +113,16 @@ class _Sublayer(nn.Module):
         return T5FeedForward(self.config, self.dtype, name=self.kind)(h, deterministic)
 
 
-class T5Block(nn.Module):
+class T5Block(layer_stack.Layer):
     """One block (scanned: ``layer_stack``); returns ``(x, None)``."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, bias):
         return T5Sublayers(self.config, self.dtype, self.deterministic, name="layer")(x, bias), None
 
 
-class T5Stack(nn.Module):
+class T5Stack(layer_stack.Stack):
     """Hugging Face's ``encoder``: the relative-attention table, the blocks, the final norm."""
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
 
     @nn.compact
     def __call__(self, x, mask_bias, deterministic: bool):
@@ -158,18 +139,9 @@ class T5Stack(nn.Module):
         return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
-class T5Encoder(nn.Module):
-    """T5's encoder returning the last hidden states [N, T, H] (``contract.Encoder``).
-
-    ``config`` a transformers T5Config; ``token_type_ids`` are ignored (T5 has none); with
-    ``segment_ids`` a token attends only to its own row, whose relative positions are those of
-    the row alone, and a fully masked row attends uniformly over itself (``bert.attention_bias``).
-    """
-
-    config: Any
-    dtype: Any = jnp.float32
-    remat: bool = False
-    unroll: bool = False
+class T5Encoder(layer_stack.Stack):
+    """T5's encoder (``encoder_registry.Encoder``) of a T5Config; token types ignored, a
+    packed row's relative positions its own (``segments.attention_bias``)."""
 
     @nn.compact
     def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True,
@@ -218,12 +190,6 @@ TOKENIZER = TokenizerStyle(
     cls=None, sep="</s>", single="$A </s>", pair="$A </s> $B </s>", token_types=False)
 
 
-def build(hf_config, **options) -> T5Encoder:
-    """The encoder (options: dtype, remat, unroll)."""
-    return T5Encoder(config=hf_config, **options)
-
-
-# The hub encoders whose sizes compile without the network (``Family.published``).
 PUBLISHED = {
     "google/flan-t5-large": dict(vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816,
         num_layers=24, num_heads=16, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
@@ -232,7 +198,7 @@ PUBLISHED = {
 
 
 FAMILY = Family(
-    name="t5", model_types=("t5",), build=build,
+    name="t5", model_types=("t5",), build=T5Encoder,
     layers=LayerLayout(stacked=("encoder", "block"), per_layer=("encoder", "block", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
     pooled="the row's first token (the entity's first piece: T5 has no [CLS])",
