@@ -58,8 +58,14 @@ def measure(name: str, target: str, steps: list[str], overrides: list[str], most
             out: str | None = None) -> list[dict]:
     """Records of ``steps`` of configs/<name>.py on ``target`` (a GPU or node): one pair a GPU,
     and (``most`` > 1) the largest batch up to ``most`` pairs a GPU that fits (``largest``);
-    each added to ``out`` as it is made, the largest marked ``largest_that_fits``."""
+    each added to ``out`` as it is made, the largest marked ``largest_that_fits``; a record
+    ``out`` already holds is reused, not compiled again."""
     config = config_of(name, overrides)
+    held = {(r["step"], r["pairs_per_chip"]): r
+            for r in (json.loads(Path(out).read_text())["records"] if out and Path(out).exists()
+                      else [])
+            if r["config"] == f"configs/{name}.py" and r["accelerator"] == target
+            and r["overrides"] == overrides}
     accelerator = run.on_devices(targets.target(target))
     start = time.perf_counter()
     trainer = run.build(config, accelerator)
@@ -68,6 +74,9 @@ def measure(name: str, target: str, steps: list[str], overrides: list[str], most
 
     for step in steps:
         def compile_at(per_gpu: int, step=step) -> dict:
+            if (step, per_gpu) in held:
+                records.append(held[step, per_gpu])
+                return held[step, per_gpu]
             record = run.compile_step(trainer, step, per_gpu * accelerator.chips, accelerator)
             record.pop("parameter_placement", None)
             record.update(config=f"configs/{name}.py", overrides=overrides,
