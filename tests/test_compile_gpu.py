@@ -126,3 +126,20 @@ def test_with_the_plugin_the_tiny_steps_compile_for_a_node_of_8_h100(run_main, t
         assert r["roofline"]["step_seconds"] > 0 and r["peak"]["name"] == "tf32"
         assert r["collectives"]["all-gather"]["count"] > 0
     assert sum(l.endswith("[compile-time]") for l in result.stdout.splitlines()) == 2
+
+
+def test_the_committed_gpu_compile_table_is_its_records_and_the_readmes():
+    import json
+    from pathlib import Path
+
+    from benchmarks import gpu_compile
+
+    repo = Path(__file__).resolve().parents[1]
+    result = json.loads((repo / "benchmarks" / "results" / "gpu_compile.json").read_text())
+    assert result["compile_time_figures"] is True and result["compiler"] == "XLA:GPU"
+    assert result["markdown"] == gpu_compile.table(result["records"])
+    assert result["markdown"] in (repo / "benchmarks" / "README.md").read_text()
+    for record in result["records"]:
+        assert targets.target(record["accelerator"]).chips == record["chips"]
+        assert record["fits"] == (record["memory_bytes"]["total"] <= record["hbm_bytes"])
+        assert record["platform"] == "cuda" and (record.get("cost") or {}).get("counted", True)

@@ -15,9 +15,14 @@ from trip_jax.models.tiered import TieredConfig
 
 
 def encoder_matmul_params(hf_config) -> int:
-    """N: parameters that take part in matmuls per token (embeddings excluded)."""
-    h, i = hf_config.hidden_size, hf_config.intermediate_size
-    return hf_config.num_hidden_layers * (4 * h * h + 2 * h * i)
+    """N: parameters that take part in matmuls per token (embeddings excluded): attention's four
+    h x h projections and the feed-forward's two h x i matrices, three where it is gated (T5's
+    gated-gelu, ModernBERT's GLU; T5 names i ``d_ff``)."""
+    h = hf_config.hidden_size
+    i = getattr(hf_config, "intermediate_size", None) or hf_config.d_ff
+    gated = (getattr(hf_config, "is_gated_act", False)
+             or getattr(hf_config, "model_type", "") == "modernbert")
+    return hf_config.num_hidden_layers * (4 * h * h + (3 if gated else 2) * h * i)
 
 
 def encoder_forward_flops(hf_config, lengths: np.ndarray) -> float:
