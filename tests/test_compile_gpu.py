@@ -52,11 +52,12 @@ def test_without_the_cuda_plugin_the_command_says_so_in_one_line(run_main, tmp_p
                                                                  monkeypatch):
     from trip_jax.compile import run
 
+    has_plugin = platforms.installed(run.CUDA_PLUGIN)
     monkeypatch.setattr(platforms, "installed", lambda module: module != run.CUDA_PLUGIN)
     with pytest.raises(run.CompileError, match=r"needs the CUDA plugin, which is not installed: "
                                                r"pip install -e '\.\[cuda\]'"):
         run.topology_devices(targets.target("h100x8"))
-    if platforms.installed(run.CUDA_PLUGIN):
+    if has_plugin:
         return  # the command below would compile
     result = run_main(f"--workdir={tmp_path}", "--mode=compile", "--topology=h100")
     assert result.returncode == 2 and "Traceback" not in result.stderr
