@@ -16,36 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trip_jax.data import schema
+from trip_jax.compile.count import (  # noqa: F401 (the formulas, used here and re-exported)
+    encoder_forward_flops, encoder_matmul_params, heads_detector_forward_flops)
 from trip_jax.models.tiered import TieredConfig
-
-
-def encoder_matmul_params(hf_config) -> int:
-    """N: parameters that take part in matmuls per token (embeddings excluded)."""
-    h, i = hf_config.hidden_size, hf_config.intermediate_size
-    return hf_config.num_hidden_layers * (4 * h * h + 2 * h * i)
-
-
-def encoder_forward_flops(hf_config, lengths: np.ndarray) -> float:
-    """Forward FLOPs of the encoder over rows of the given token ``lengths``."""
-    lengths = np.asarray(lengths, dtype=np.float64)
-    n = encoder_matmul_params(hf_config)
-    attention = hf_config.num_hidden_layers * 4 * hf_config.hidden_size * (lengths ** 2).sum()
-    return float(2 * n * lengths.sum() + attention)
-
-
-def heads_detector_forward_flops(hidden: int, tiered: TieredConfig, slots: int,
-                                 max_sentences: int) -> float:
-    """Forward FLOPs of the state heads, the projections and the conflict detector over
-    ``slots`` (story, entity, sentence) rows of stories of ``max_sentences`` (S) slots."""
-    a, c, s = schema.NUM_ATTRIBUTES, schema.MAX_CLASSES, max_sentences
-    d, f = tiered.detector_d_model, tiered.detector_ff
-    heads = 2 * a * 2 * (hidden * hidden + hidden * c)
-    projections = 2 * (hidden * tiered.embedding_projection
-                       + 2 * sum(schema.NUM_CLASSES) * tiered.state_projection)
-    # Per sentence of a track: the layer's matmuls, attention over the S sentences, Dense(S).
-    detector = tiered.detector_layers * (2 * (4 * d * d + 2 * d * f) + 4 * s * d) + 2 * d * s
-    return float(slots * (heads + projections + detector))
 
 
 def row_group_shapes(batch: dict[str, np.ndarray]) -> list[tuple[int, int, int]]:

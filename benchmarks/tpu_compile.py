@@ -14,11 +14,9 @@ import time
 from pathlib import Path
 
 import ml_collections
-import numpy as np
 
-from benchmarks import flops
 from configs import base
-from trip_jax.compile import chips, encoders, run
+from trip_jax.compile import count, encoders, run, targets
 from trip_jax.config.typed import typed
 
 GIB = 2 ** 30
@@ -37,19 +35,10 @@ def config_of(name: str, overrides: list[str]):
 
 
 def counted_flops(config, record: dict) -> float:
-    """benchmarks/flops.py's count of the compiled step over the whole slice: the encoder over
-    every sequence (packed_tokens: N x P tokens; dense: R x T), heads and detector over every
-    cell of the grid; train = 3 x forward."""
-    hf_config = encoders.encoder_config(config)
-    sizes = record["batch_sizes"]
-    if "P" in sizes:
-        encoder = flops.encoder_forward_flops(hf_config, np.full(sizes["N"], sizes["P"]))
-    else:
-        encoder = flops.encoder_forward_flops(hf_config, np.full(sizes["R"], sizes["T"]))
-    slots = sizes["B"] * 2 * sizes["E"] * sizes["S"]
-    heads = flops.heads_detector_forward_flops(hf_config.hidden_size, config.model.tiered, slots,
-                                               sizes["S"])
-    return (encoder + heads) * (3 if record["step"] == "train" else 1)
+    """benchmarks/flops.py's count (``trip_jax.compile.count.step_flops``) of the compiled step
+    over the whole slice."""
+    return count.step_flops(config, encoders.encoder_config(config), record["step"],
+                            record["batch_sizes"])
 
 
 def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[str],
@@ -60,7 +49,7 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
     of ``per_chip_list`` pairs a chip; each record is added to the JSON file ``out`` (``save``)
     as soon as it is made."""
     config = config_of(name, overrides)
-    accelerator = run.on_devices(chips.accelerator(accelerator_name))
+    accelerator = run.on_devices(targets.target(accelerator_name))
     start = time.perf_counter()
     trainer = run.build(config, accelerator)
     build_seconds = time.perf_counter() - start
@@ -74,7 +63,7 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
             record.pop("parameter_placement", None)
             record.update(config=f"configs/{name}.py", overrides=overrides,
                           pairs_per_chip=per_chip, build_seconds=build_seconds)
-            if record.get("cost"):
+            if record.get("cost") and not record["cost"].get("counted"):
                 counted = counted_flops(config, record)
                 record["flops_py_slice"] = counted
                 record["compiler_over_flops_py"] = (record["cost"]["flops"] * accelerator.chips

@@ -139,8 +139,9 @@ def define_flags(values: flags.FlagValues = FLAGS, sys_argv: list[str] | None = 
                         "writes (default: ENCODER (RECIPE, seed SEED), read off the config).",
                         flag_values=values)
     flags.DEFINE_string("topology", None, "compile: the Cloud TPU accelerator type to compile "
-                        "for (v5e-8 or v5litepod-8, v5p-8, v6e-8, v5e-256, ...) or a "
-                        "topology (v5e:2x2).", flag_values=values)
+                        "for (v5e-8 or v5litepod-8, v5p-8, v6e-8, v5e-256, ...), a "
+                        "topology (v5e:2x2), or NVIDIA GPUs (h100, h200, a100; a node of 8: "
+                        "h100x8; two nodes: 2xh100x8).", flag_values=values)
     flags.DEFINE_bool("show_config", False, "Print the resolved config and exit: no mode runs and "
                       "the workdir is not touched (training saves the config as "
                       "WORKDIR/config.json).", flag_values=values)
@@ -166,14 +167,14 @@ def check_flags(values: flags.FlagValues) -> None:
         raise cli.UsageError("--members: names no workdir (DIR,DIR,...)")
     if values.mode == "compile" and not values.topology:
         raise cli.UsageError("--mode=compile needs --topology=TYPE (e.g. v5e-8, v4-8, v5p-8, "
-                             "v6e-8, v5e-256)")
+                             "v6e-8, v5e-256, h100, h100x8, 2xh100x8)")
     if values.topology and values.mode != "compile":
         raise cli.UsageError(f"--topology: --mode={values.mode} does not read it (only "
                              "--mode=compile)")
     if values.topology:
-        from trip_jax.compile import chips
+        from trip_jax.compile import targets
         try:
-            chips.accelerator(values.topology)
+            targets.target(values.topology)
         except ValueError as err:
             raise cli.UsageError(f"--topology: {err}") from None
     if values.mode == "predict" and not values.input:

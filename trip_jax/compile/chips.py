@@ -52,12 +52,14 @@ ALIASES = {"v4": "v4", "v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
-    """An accelerator type: ``name`` as given, its chip, the JAX topology name and its chips."""
+    """An accelerator type: ``name`` as given, its chip (a ``Chip``, or a ``gpus.Gpu`` with
+    platform "cuda"), the JAX topology name and its chips (GPUs)."""
 
     name: str
     chip: Chip
     topology: str
     chips: int
+    platform: str = "tpu"
 
 
 def slice_shape(chips: int, dims: int) -> tuple[int, ...]:

@@ -104,6 +104,16 @@ def roofline(flops: float, bytes_accessed: float, chip: Chip, pairs: int, chips:
             "pairs_per_second_per_chip": pairs / seconds / chips if seconds else float("inf")}
 
 
+def counted_cost(flops: float, memory_bytes: dict[str, int], chip, pairs: int, chips: int
+                 ) -> dict[str, Any]:
+    """``cost`` and ``roofline`` where the compiler gives no cost analysis (XLA:GPU): ``flops``
+    counted from the model's sizes (a device's share), bytes accessed at least the arguments read
+    and the outputs written once (``memory_bytes``); so the roofline time is a lower bound too."""
+    moved = memory_bytes["arguments"] + memory_bytes["outputs"]
+    return {"cost": {"flops": flops, "bytes_accessed": float(moved), "counted": True},
+            "roofline": roofline(flops, moved, chip, pairs, chips)}
+
+
 def step_figures(compiled, chip: Chip, pairs: int, chips: int) -> dict[str, Any]:
     """Every compile-time figure of one compiled step (module docstring)."""
     mem, text = memory(compiled), compiled.as_text()

@@ -1,7 +1,8 @@
-"""``--mode=compile``: the config's train and eval steps compiled by XLA:TPU for a TPU type.
+"""``--mode=compile``: the config's train and eval steps compiled by XLA:TPU for a TPU type, or
+by XLA:GPU for NVIDIA GPUs.
 
-``compile_steps`` lowers the steps ``build_trainer`` builds (training's own) on libtpu's topology
-devices and abstract shapes, and compiles them; ``run`` prints one line a step, writes
+``compile_steps`` lowers the steps ``build_trainer`` builds (training's own) on the compile-only
+devices of libtpu's or the CUDA plugin's topology and abstract shapes, and compiles them; ``run`` prints one line a step, writes
 ``WORKDIR/compile/<type>.json`` and refuses a step that does not fit. Details: docs/compile.md.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import jax
 
 from trip_jax.compile import chips as chips_lib
-from trip_jax.compile import encoders, figures, shapes
+from trip_jax.compile import count, encoders, figures, gpus, shapes, targets
 from trip_jax.evaluation.evaluate import eval_batch_size
 from trip_jax.models import builders
 from trip_jax.runtime import platforms, sharding
@@ -30,8 +31,15 @@ GIB = 2 ** 30
 # none of the errors it logs when it cannot find this machine's TPU.
 LIBTPU_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1",
               "TPU_WORKER_HOSTNAMES": "localhost"}
+# The CUDA plugin without a GPU: no driver to check its CUDA libraries' versions against.
+CUDA_ENV = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
+CUDA_PLUGIN = "jax_cuda12_plugin"
+COMPILERS = {"tpu": "XLA:TPU", "cuda": "XLA:GPU"}
 # XLA:TPU refuses a program larger than the chip's memory at compile time with this.
 _OUT_OF_MEMORY = re.compile(r"(RESOURCE_EXHAUSTED|[Rr]an out of memory)")
+# XLA:GPU without a GPU: its Triton GEMM emitter found no tiling of a dot; cuBLAS then.
+_NO_TRITON_TILE = re.compile(r"Couldn't find output tile sizes")
+NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
 _NEEDED = re.compile(r"(?:[Uu]sed|memory required for HLO temporaries \()([0-9.]+)([KMGT]?)")
 
 
@@ -43,7 +51,10 @@ class CompileError(ValueError):
 
 @functools.lru_cache(maxsize=None)
 def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
-    """The devices of ``accelerator``'s topology (libtpu's description; no TPU needed)."""
+    """The devices of ``accelerator``'s topology (libtpu's description, or the CUDA plugin's of
+    ``gpus.target_config``; no TPU or GPU needed)."""
+    if accelerator.platform == "cuda":
+        return gpu_devices(accelerator)
     if not platforms.installed("libtpu"):
         raise CompileError("--mode=compile needs libtpu, which is not installed: pip install -e "
                            "'.[tpu]'")
@@ -58,10 +69,27 @@ def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
     return tuple(topologies.get_topology_desc(accelerator.topology, "tpu", **options).devices)
 
 
+def gpu_devices(accelerator: chips_lib.Accelerator) -> tuple:
+    """The compile-only devices of a GPU node (the CUDA plugin's topology "HOSTSx1xGPUS" of
+    ``gpus.target_config``); CompileError in one line without the plugin."""
+    if not platforms.installed(CUDA_PLUGIN):
+        raise CompileError(f"--topology={accelerator.name} needs the CUDA plugin, which is not "
+                           "installed: pip install -e '.[cuda]'")
+    for key, value in CUDA_ENV.items():
+        os.environ.setdefault(key, value)
+    from jax.experimental import topologies
+    text = gpus.target_config(accelerator.chip, gpus.dnn_version())
+    return tuple(topologies.get_topology_desc("", "cuda", topology=accelerator.topology,
+                                              target_config=text).devices)
+
+
 def on_devices(accelerator: chips_lib.Accelerator) -> chips_lib.Accelerator:
     """``accelerator`` when libtpu describes it with one JAX device a chip (v5e, v5p, v6e);
     CompileError for a v4 slice, which libtpu 0.0.42 describes with one device per TensorCore
-    (8 for v4-8), a layout JAX's TPU meshes refuse (they need megacore: one device a chip)."""
+    (8 for v4-8), a layout JAX's TPU meshes refuse (they need megacore: one device a chip).
+    A GPU node as it is."""
+    if accelerator.platform != "tpu":
+        return accelerator
     devices = len(topology_devices(accelerator))
     if devices != accelerator.chips:
         raise CompileError(
@@ -131,11 +159,27 @@ def build(config, accelerator: chips_lib.Accelerator):
     return build_trainer(config, model, mesh, total_steps=1)
 
 
+def _compile(lowered, record: dict[str, Any]):
+    """``lowered.compile()``; on XLA:GPU's compile-only route, where the Triton GEMM emitter
+    finds no tile for a small f32 dot (no GPU to autotune on: "Couldn't find output tile
+    sizes"), once more with ``xla_gpu_enable_triton_gemm`` off (cuBLAS GEMMs), noted in
+    ``record["compiler_options"]``."""
+    try:
+        return lowered.compile()
+    except Exception as err:  # XLA's errors have no public type of their own
+        if record["platform"] != "cuda" or not _NO_TRITON_TILE.search(str(err)):
+            raise
+    record["compiler_options"] = dict(NO_TRITON_GEMM)
+    return lowered.compile(compiler_options=NO_TRITON_GEMM)
+
+
 def compile_step(trainer, step: str, pairs: int, accelerator: chips_lib.Accelerator
                  ) -> dict[str, Any]:
     """One step ("train" or "eval") of ``trainer`` lowered and compiled for ``pairs`` pairs:
     its record (sizes, seconds and ``figures.step_figures``; ``fits`` False with the bytes
-    XLA:TPU reported when it refused the program as too large for the chip)."""
+    XLA:TPU reported when it refused the program as too large for the chip). On a GPU the
+    roofline takes the peak of the config's dtype and precision (``gpus.at_precision``) and,
+    as XLA:GPU gives no cost analysis, ``count.step_flops`` (``figures.counted_cost``)."""
     shards = sharding.num_batch_shards(trainer.mesh)
     try:
         sharding.check_batch_split(pairs, trainer.mesh.shape)
@@ -148,6 +192,7 @@ def compile_step(trainer, step: str, pairs: int, accelerator: chips_lib.Accelera
                       else (trainer.eval_step, (state.params, batch)))
     record: dict[str, Any] = {
         "step": step, "pairs": pairs, "accelerator": accelerator.name,
+        "platform": accelerator.platform, "compiler": COMPILERS[accelerator.platform],
         "topology": accelerator.topology, "chip": accelerator.chip.device_kind,
         "chips": accelerator.chips, "mesh": dict(trainer.mesh.shape),
         "batch_sizes": shapes.batch_sizes(trainer.config, pairs, shards),
@@ -165,7 +210,7 @@ def compile_step(trainer, step: str, pairs: int, accelerator: chips_lib.Accelera
     record["lower_seconds"] = time.perf_counter() - start
     start = time.perf_counter()
     try:
-        compiled = lowered.compile()
+        compiled = _compile(lowered, record)
     except Exception as err:  # XLA's errors have no public type of their own
         if not _OUT_OF_MEMORY.search(str(err)):
             raise
@@ -181,7 +226,18 @@ def compile_step(trainer, step: str, pairs: int, accelerator: chips_lib.Accelera
         return record
     record["compile_seconds"] = time.perf_counter() - start
     record["parameter_placement"] = _placement(compiled, step, state.params)
-    record.update(figures.step_figures(compiled, accelerator.chip, pairs, accelerator.chips))
+    chip = accelerator.chip
+    if accelerator.platform == "cuda":
+        chip = gpus.at_precision(chip, trainer.config.model.dtype,
+                                 trainer.config.model.matmul_precision)
+    record.update(figures.step_figures(compiled, chip, pairs, accelerator.chips))
+    if accelerator.platform == "cuda":
+        record["peak"] = {"name": chip.peak_name, "flops_per_second": chip.peak_flops}
+    if record["cost"] is None:
+        counted = count.step_flops(trainer.config, encoders.encoder_config(trainer.config),
+                                   step, record["batch_sizes"])
+        record.update(figures.counted_cost(counted / accelerator.chips, record["memory_bytes"],
+                                           chip, pairs, accelerator.chips))
     return record
 
 
@@ -206,6 +262,17 @@ def _gib(n: float | None) -> str:
     return "?" if n is None else f"{n / GIB:.2f} GiB"
 
 
+def _unit(record: dict[str, Any]) -> str:
+    """What a record's figures are per: "chip" (TPU) or "GPU"."""
+    return "GPU" if record.get("platform") == "cuda" else "chip"
+
+
+def _peak(record: dict[str, Any]) -> str:
+    """", at the tf32 peak" where a GPU's roofline takes another peak than bf16."""
+    peak = record.get("peak")
+    return f" at the {peak['name']} peak" if peak and peak["name"] != "bf16" else ""
+
+
 def describe(record: dict[str, Any]) -> str:
     """One terminal line of a step's record: every figure compile-time."""
     mesh = " x ".join(f"{k}={v}" for k, v in record["mesh"].items())
@@ -214,28 +281,32 @@ def describe(record: dict[str, Any]) -> str:
     if record.get("refused_before_compiling"):
         head += "refused before compiling"
     elif record.get("compiler_message"):
-        head += f"XLA:TPU refused it after {record['compile_seconds']:.1f} s"
+        head += f"{record['compiler']} refused it after {record['compile_seconds']:.1f} s"
     else:
         head += f"compiled in {record['compile_seconds']:.1f} s"
-    mem = record["memory_bytes"]
+        if record.get("compiler_options"):
+            head += " (Triton GEMMs off: none tiled without a GPU)"
+    mem, unit = record["memory_bytes"], _unit(record)
     fit = "fits" if record["fits"] else "DOES NOT FIT"
     if "generated_code" not in mem:
         least = "at least " if mem.get("at_least") else ""
         parts = ", ".join(f"{k} {_gib(mem[k])}" for k in ("arguments", "temporaries")
                           if mem.get(k) is not None)
         return (f"{head}; needs {least}{_gib(mem['total'])} of {_gib(record['hbm_bytes'])} a "
-                f"chip ({parts}): {fit} [compile-time]")
-    text = (f"{head}; per chip {_gib(mem['total'])} of {_gib(record['hbm_bytes'])} ({fit}: "
+                f"{unit} ({parts}): {fit} [compile-time]")
+    text = (f"{head}; per {unit} {_gib(mem['total'])} of {_gib(record['hbm_bytes'])} ({fit}: "
             f"arguments {_gib(mem['arguments'])}, outputs {_gib(mem['outputs'])}, temporaries "
             f"{_gib(mem['temporaries'])}, code {_gib(mem['generated_code'])})")
     if record.get("cost"):
         c, r = record["cost"], record["roofline"]
-        loops = record.get("loop_trip_counts")
+        loops = None if c.get("counted") else record.get("loop_trip_counts")
         once = (f", loop bodies counted once (trip counts {', '.join(map(str, loops))}): lower "
                 "bounds" if loops else "")
-        text += (f"; {c['flops']:.3g} FLOPs, {c['bytes_accessed']:.3g} bytes a chip "
+        counted = (" (counted: the compiler gives none; bytes: arguments + outputs, a lower "
+                   "bound)" if c.get("counted") else "")
+        text += (f"; {c['flops']:.3g} FLOPs, {c['bytes_accessed']:.3g} bytes a {unit}{counted} "
                  f"({r['intensity_flops_per_byte']:.0f} FLOPs/byte, ridge "
-                 f"{r['ridge_point']:.0f}: {r['bound']}-bound{once})")
+                 f"{r['ridge_point']:.0f}{_peak(record)}: {r['bound']}-bound{once})")
     moved = {k: v for k, v in record["collectives"].items() if v["count"]}
     text += "; collectives " + (", ".join(f"{k} {v['count']} ({_gib(v['bytes'])})"
                                           for k, v in moved.items()) or "none")
@@ -252,24 +323,26 @@ def refusal(record: dict[str, Any], config) -> str:
     keys = [f"--config.train.{'batch_size' if record['step'] == 'train' else 'eval_batch_size'}"
             f" (now {record['pairs']} pairs)",
             f"--config.mesh.fsdp (now {record['mesh']['fsdp']}: parameters and optimizer state "
-            "over more chips)"]
+            "over more devices)"]
     if not config.model.remat:
         keys.append("--config.model.remat=true")
     if config.model.dtype == "float32":
         keys.append("--config.model.dtype=bfloat16")
     least = "at least " if record["memory_bytes"].get("at_least") else ""
+    unit = _unit(record)
+    device = f"an {record['chip']}" if unit == "GPU" else f"a {record['chip']} chip"
     return (f"the {record['step']} step needs {least}{_gib(record['memory_bytes']['total'])} "
-            "per chip; "
-            f"a {record['chip']} chip of {record['accelerator']} has "
+            f"per {unit}; "
+            f"{device} of {record['accelerator']} has "
             f"{_gib(record['hbm_bytes'])}; shrink it with {', '.join(keys)}")
 
 
 def run(config, workdir: str, accelerator_name: str) -> list[dict[str, Any]]:
-    """The mode: compiles both steps, prints one line each, writes
+    """The mode: compiles both steps (XLA:TPU or XLA:GPU), prints one line each, writes
     ``WORKDIR/compile/<type>.json`` and raises CompileError (the ``refusal`` line) for the
     first step that does not fit."""
     try:
-        accelerator = chips_lib.accelerator(accelerator_name)
+        accelerator = targets.target(accelerator_name)
     except ValueError as err:
         raise CompileError(f"--topology: {err}") from None
     records = compile_steps(config, accelerator)

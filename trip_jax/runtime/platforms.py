@@ -1,7 +1,7 @@
 """Which JAX platforms a process may start: no TPU runtime where no TPU chip is attached.
 
 With libtpu installed JAX tries the TPU first in every process (libtpu's errors on stderr, its
-lock file); ``skip_absent_tpu()``, run when ``trip_jax`` is imported, sets ``JAX_PLATFORMS`` to
+lock file), and with a GPU plugin installed the GPU; ``skip_absent_tpu()``, run when ``trip_jax`` is imported, sets ``JAX_PLATFORMS`` to
 what is attached unless the user set it. No JAX import. Details: docs/compile.md.
 """
 
@@ -56,11 +56,13 @@ def attached_platforms(pci_root: str = "/sys/bus/pci/devices") -> str:
 
 
 def skip_absent_tpu(environ=os.environ) -> str | None:
-    """Sets ``JAX_PLATFORMS`` in ``environ`` to ``attached_platforms()`` when libtpu is installed,
-    no TPU chip is attached and neither ``JAX_PLATFORMS`` nor ``JAX_FORCE_TPU_INIT`` is set
-    (also JAX's config when JAX is imported and has no backend yet); returns the value set, or
-    None when nothing was changed."""
-    if environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in environ or not installed("libtpu"):
+    """Sets ``JAX_PLATFORMS`` in ``environ`` to ``attached_platforms()`` when libtpu or a GPU
+    plugin (CUDA, ROCm) is installed, no TPU chip is attached and neither ``JAX_PLATFORMS`` nor
+    ``JAX_FORCE_TPU_INIT`` is set (also JAX's config when JAX is imported and has no backend
+    yet); returns the value set, or None when nothing was changed."""
+    plugins = ("libtpu", *CUDA_PLUGINS, *ROCM_PLUGINS)
+    if (environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in environ
+            or not any(map(installed, plugins))):
         return None
     platforms = attached_platforms()
     if platforms.startswith("tpu"):
