@@ -1,8 +1,8 @@
 r"""MPNet (all-mpnet-base-v2, 110M), offline from PyPI (docs/reference.md#mpnet), else the hub.
 
 Command: ``python -m trip_jax.main --config=configs/mpnet.py --workdir=workdirs/mpnet``
-(configs/minilm.py's tuned recipe: 4 epochs of dev_all at lr 3e-5, then test).
-Expected: not yet measured; the lr is being decided on dev (docs/results.md#mpnet-issue-66).
+(configs/minilm.py's tuned recipe: 4 epochs of dev_all at lr 3e-5, decided on dev folds 0-1,
+results/mpnet_cv/README.md; then test). Expected on test: not yet measured.
 """
 
 from configs import base
