@@ -1,11 +1,8 @@
 """Every config's train and eval steps compiled by XLA:GPU from this CPU: fit, largest batch, roofline.
 
 ``python -m benchmarks.gpu_compile --configs roberta --gpus h100,h200 --search 64 --out FILE``
-(run with the CUDA plugin installed): each step at one pair a GPU, then the largest batch that
-fits found with few compiles (``largest``); records added to FILE as they are made (``--set
-KEY=VALUE`` overrides); ``--report FILE``: the table (benchmarks/README.md). FLOPs are
-``trip_jax.compile.count``'s (XLA:GPU gives no cost analysis). Every figure compile-time.
-"""
+(CUDA plugin installed): each step at one pair a GPU, then the largest batch that fits; records
+added to FILE as made; ``--report FILE``: the table. FLOPs from ``trip_jax.compile.count``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The model's FLOPs counted from its sizes (no compiler): encoder, heads and detector.
 
 ``step_flops(config, hf_config, step, batch_sizes)`` -> FLOPs of one compiled step over the
-whole batch (train = 3 x forward), for compilers whose cost analysis gives none (XLA:GPU's
-compile-only route) and beside XLA:TPU's. benchmarks/flops.py uses the same formulas (what they
-leave out: benchmarks/README.md#the-code-file-by-file).
-"""
+whole batch (train = 3 x forward), for XLA:GPU's compile-only route (no cost analysis) and beside
+XLA:TPU's; benchmarks/flops.py uses the same formulas (benchmarks/README.md#the-code-file-by-file)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """NVIDIA GPUs and nodes for XLA:GPU's compile-only topology: public figures, target config.
 
-``node("2xh100x8")`` -> ``chips.Accelerator`` (platform "cuda", topology "2x1x8": hosts x 1 x
-GPUs a host); ``target_config(gpu)`` -> the ``GpuTargetConfigProto`` text XLA:GPU compiles
-for; ``at_precision(gpu, dtype, precision)``: the GPU with the matmul peak a config runs at.
-Every figure is a public one, its source beside it. Details: docs/compile.md#gpus.
-"""
+``node("2xh100x8")`` -> ``chips.Accelerator`` (platform "cuda", topology hosts x 1 x GPUs);
+``target_config(gpu)`` -> the ``GpuTargetConfigProto`` text; ``at_precision(gpu, dtype,
+precision)``: the GPU at its matmul peak. Sources beside each figure; docs/compile.md#gpus."""
 
 from __future__ import annotations
 

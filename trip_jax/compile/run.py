@@ -1,10 +1,8 @@
-"""``--mode=compile``: the config's train and eval steps compiled by XLA:TPU for a TPU type, or
-by XLA:GPU for NVIDIA GPUs.
+"""``--mode=compile``: the config's train and eval steps compiled by XLA:TPU or XLA:GPU.
 
-``compile_steps`` lowers the steps ``build_trainer`` builds (training's own) on the compile-only
-devices of libtpu's or the CUDA plugin's topology and abstract shapes, and compiles them; ``run`` prints one line a step, writes
-``WORKDIR/compile/<type>.json`` and refuses a step that does not fit. Details: docs/compile.md.
-"""
+``compile_steps`` lowers the steps ``build_trainer`` builds on the compile-only devices of
+libtpu's or the CUDA plugin's topology, from abstract shapes, and compiles them; ``run`` prints
+one line a step, writes ``WORKDIR/compile/<type>.json``, refuses a step that does not fit."""
 
 from __future__ import annotations
 
