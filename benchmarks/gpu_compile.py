@@ -8,47 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.batch_search import held as held_records, largest, predict  # noqa: F401
+from benchmarks.batch_search import mark as mark_in
 from benchmarks.tpu_compile import config_of
 from trip_jax.compile import run, targets
 
 GIB = 2 ** 30
-
-
-def predict(points: dict[int, int], hbm: int, most: int) -> int:
-    """The largest pairs a GPU (1..``most``) whose memory fits ``hbm`` bytes on the line through
-    the two largest-batch ``points`` ({pairs a GPU: total bytes}) below and above it."""
-    (b0, m0), (b1, m1) = sorted(points.items())[:1] + sorted(points.items())[-1:]
-    slope = (m1 - m0) / (b1 - b0)
-    if slope <= 0:
-        return most
-    return max(1, min(most, math.floor(b0 + (hbm - m0) / slope)))
-
-
-def largest(compile_at, hbm: int, most: int) -> tuple[int, list[dict]]:
-    """The largest pairs a GPU up to ``most`` at which ``compile_at(pairs)`` (a record) fits
-    ``hbm``, and the records compiled to find it: at 1 and ``most``; else at the pairs the
-    straight line through the nearest fitting and non-fitting batches predicts, until two
-    neighbours straddle the limit (memory grows about linearly with the batch)."""
-    records = {1: compile_at(1)}
-    if not records[1]["fits"]:
-        return 0, list(records.values())
-    records[most] = compile_at(most)
-    while True:
-        fits = max(b for b, r in records.items() if r["fits"])
-        over = min((b for b, r in records.items() if not r["fits"]), default=None)
-        if over is None or over == fits + 1:
-            return fits, list(records.values())
-        line = {fits: records[fits]["memory_bytes"]["total"],
-                over: records[over]["memory_bytes"]["total"]}
-        guess = min(max(predict(line, hbm, most), fits + 1), over - 1)
-        if guess in records:  # the line points at a batch already compiled: step past it
-            guess = fits + 1 if records[guess]["fits"] else over - 1
-        records[guess] = compile_at(guess)
 
 
 def measure(name: str, target: str, steps: list[str], overrides: list[str], most: int,
@@ -58,11 +27,7 @@ def measure(name: str, target: str, steps: list[str], overrides: list[str], most
     each added to ``out`` as it is made, the largest marked ``largest_that_fits``; a record
     ``out`` already holds is reused, not compiled again."""
     config = config_of(name, overrides)
-    held = {(r["step"], r["pairs_per_chip"]): r
-            for r in (json.loads(Path(out).read_text())["records"] if out and Path(out).exists()
-                      else [])
-            if r["config"] == f"configs/{name}.py" and r["accelerator"] == target
-            and r["overrides"] == overrides}
+    held = held_records(out, f"configs/{name}.py", target, overrides)
     accelerator = run.on_devices(targets.target(target))
     start = time.perf_counter()
     trainer = run.build(config, accelerator)
@@ -95,19 +60,7 @@ def measure(name: str, target: str, steps: list[str], overrides: list[str], most
 def mark(out: str | None, records: list[dict], step: str, best: int) -> None:
     """Marks the record of ``step`` at ``best`` pairs a GPU ``largest_that_fits`` (here and in
     ``out``)."""
-    for record in records:
-        if record["step"] == step and record["pairs_per_chip"] == best:
-            record["largest_that_fits"] = True
-    if out:
-        file = Path(out)
-        data = json.loads(file.read_text())
-        for record in data["records"]:
-            if (record["step"] == step and record["pairs_per_chip"] == best
-                    and record["config"] == records[0]["config"]
-                    and record["accelerator"] == records[0]["accelerator"]
-                    and record["overrides"] == records[0]["overrides"]):
-                record["largest_that_fits"] = True
-        write(file, data["records"])
+    mark_in(out, records, step, best, write)
 
 
 def save(path: str, records: list[dict]) -> None:

@@ -1,7 +1,8 @@
 """Every config's train and eval steps compiled by XLA:TPU from this CPU: fit, batch, roofline.
 
 ``python -m benchmarks.tpu_compile --configs roberta --accelerators v5e-8 --out FILE``: one pair a
-chip (``--search 64``: doubled up to 64 while it fits; ``--set KEY=VALUE``), records added to FILE
+chip (``--search 64``: then the largest batch up to 64 pairs a chip that fits, found with few
+compiles by benchmarks/batch_search.py; ``--set KEY=VALUE``), records added to FILE
 with benchmarks/flops.py's count beside the compiler's; ``--report FILE``: the table (docs/compile.md)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import ml_collections
 
+from benchmarks import batch_search
 from configs import base
 from trip_jax.compile import count, encoders, run, targets
 from trip_jax.config.typed import typed
@@ -45,21 +47,24 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
             search: int, per_chip_list: list[int] | None = None, out: str | None = None
             ) -> list[dict]:
     """Records of ``steps`` of configs/<name>.py on ``accelerator_name`` at one pair a chip, then
-    (``search`` > 1) at 2, 4, ... up to ``search`` pairs a chip while the step fits; or at each
-    of ``per_chip_list`` pairs a chip; each record is added to the JSON file ``out`` (``save``)
-    as soon as it is made."""
+    (``search`` > 1) the largest batch up to ``search`` pairs a chip that fits, found with few
+    compiles (benchmarks/batch_search.py, shared with benchmarks/gpu_compile.py) and marked
+    ``largest_that_fits``; or at each of ``per_chip_list`` pairs a chip. Each record is added
+    to the JSON file ``out`` (``save``) as soon as it is made; a record ``out`` already holds
+    is reused, not compiled again."""
     config = config_of(name, overrides)
+    held = batch_search.held(out, f"configs/{name}.py", accelerator_name, overrides)
     accelerator = run.on_devices(targets.target(accelerator_name))
     start = time.perf_counter()
     trainer = run.build(config, accelerator)
     build_seconds = time.perf_counter() - start
-    shards = accelerator.chips
     records = []
     for step in steps:
-        todo = list(per_chip_list or [])
-        per_chip = todo.pop(0) if todo else 1
-        while per_chip <= max(1, search) or per_chip_list:
-            record = run.compile_step(trainer, step, per_chip * shards, accelerator)
+        def compile_at(per_chip: int, step=step) -> dict:
+            if (step, per_chip) in held:
+                records.append(held[step, per_chip])
+                return held[step, per_chip]
+            record = run.compile_step(trainer, step, per_chip * accelerator.chips, accelerator)
             record.pop("parameter_placement", None)
             record.update(config=f"configs/{name}.py", overrides=overrides,
                           pairs_per_chip=per_chip, build_seconds=build_seconds)
@@ -79,14 +84,17 @@ def measure(name: str, accelerator_name: str, steps: list[str], overrides: list[
             print(run.describe(record), flush=True)
             if out:
                 save(out, [record])
-            if per_chip_list:
-                if not todo:
-                    break
-                per_chip = todo.pop(0)
-                continue
-            if not record["fits"]:
-                break
-            per_chip *= 2
+            return record
+
+        if per_chip_list:
+            for per_chip in per_chip_list:
+                compile_at(per_chip)
+        elif search > 1:
+            best, _ = batch_search.largest(compile_at, accelerator.chip.hbm_bytes, search)
+            batch_search.mark(out, [r for r in records if r["step"] == step], step, best,
+                              write)
+        else:
+            compile_at(1)
     return records
 
 
@@ -94,8 +102,13 @@ def save(path: str, records: list[dict]) -> None:
     """Adds ``records`` to the JSON file ``path`` (its table rewritten)."""
     file = Path(path)
     old = json.loads(file.read_text())["records"] if file.exists() else []
-    file.write_text(json.dumps({"compile_time_figures": True, "records": old + records,
-                                "markdown": table(old + records)}, indent=1) + "\n")
+    write(file, old + records)
+
+
+def write(file: Path, records: list[dict]) -> None:
+    """Writes ``records`` and their table to ``file``."""
+    file.write_text(json.dumps({"compile_time_figures": True, "records": records,
+                                "markdown": table(records)}, indent=1) + "\n")
 
 
 def table(records: list[dict]) -> str:
@@ -108,9 +121,10 @@ def table(records: list[dict]) -> str:
         mem = r["memory_bytes"]
         cost, roof = r.get("cost"), r.get("roofline")
         moved = sum(v["bytes"] for v in r.get("collectives", {}).values())
+        largest_mark = " (largest)" if r.get("largest_that_fits") else ""
         lines.append(
             f"| `{r['config']}` | {' '.join(r['overrides']) or '-'} | {r['accelerator']} | "
-            f"{r['step']} | {r['pairs_per_chip']} | {r['compile_seconds']:.0f} | "
+            f"{r['step']} | {r['pairs_per_chip']}{largest_mark} | {r['compile_seconds']:.0f} | "
             f"{(mem['total'] or 0) / GIB:.2f}{'+' if mem.get('at_least') else ''} "
             f"({r['hbm_bytes'] / GIB:.0f}) | {'yes' if r['fits'] else 'no'} | "
             + (f"{cost['flops']:.3g} | {roof['intensity_flops_per_byte']:.0f} "

@@ -244,3 +244,41 @@ def test_the_committed_compile_table_is_its_records_and_the_readmes():
     for record in result["records"]:
         assert chips.accelerator(record["accelerator"]).chips == record["chips"]
         assert record["fits"] == (record["memory_bytes"]["total"] <= record["hbm_bytes"])
+
+
+def test_the_tpu_batch_search_is_the_gpu_one_and_reuses_the_records_on_file(monkeypatch,
+                                                                             tmp_path):
+    """benchmarks/tpu_compile.py searches with benchmarks/batch_search.py (as gpu_compile.py
+    does), compiles only what its output file lacks and marks the largest batch that fits."""
+    import types
+
+    from benchmarks import batch_search, gpu_compile, tpu_compile
+    from trip_jax.compile import run, targets
+
+    assert gpu_compile.largest is batch_search.largest
+    accelerator = types.SimpleNamespace(chips=8, chip=types.SimpleNamespace(hbm_bytes=100))
+    compiled = []
+
+    def compile_step(trainer, step, pairs, acc):
+        compiled.append((step, pairs // 8))
+        total = 10 + 3 * pairs // 8
+        return {"step": step, "accelerator": "v5e-8", "chips": 8, "pairs": pairs,
+                "compile_seconds": 1.0, "hbm_bytes": 100, "fits": total <= 100,
+                "memory_bytes": {"total": total}}
+
+    monkeypatch.setattr(tpu_compile, "config_of", lambda name, overrides: None)
+    monkeypatch.setattr(targets, "target", lambda name: name)
+    monkeypatch.setattr(run, "on_devices", lambda target: accelerator)
+    monkeypatch.setattr(run, "build", lambda config, acc: None)
+    monkeypatch.setattr(run, "compile_step", compile_step)
+    monkeypatch.setattr(run, "describe", lambda record: "")
+    out = tmp_path / "out.json"
+    tpu_compile.measure("tiny", "v5e-8", ["train"], [], 1, out=str(out))
+    assert compiled == [("train", 1)]
+    tpu_compile.measure("tiny", "v5e-8", ["train"], [], 64, out=str(out))
+    assert compiled[0] == ("train", 1) and compiled.count(("train", 1)) == 1  # reused
+    records = json.loads(out.read_text())["records"]
+    assert [r["pairs_per_chip"] for r in records if r.get("largest_that_fits")] == [30]
+    assert len(records) == len(compiled) <= 5
+    assert json.loads(out.read_text())["markdown"] == tpu_compile.table(records)
+    assert "| 30 (largest) |" in tpu_compile.table(records)
