@@ -1,9 +1,8 @@
 """Every config's train and eval steps compiled by XLA:TPU from this CPU: fit, batch, roofline.
 
-``python -m benchmarks.tpu_compile --configs roberta --accelerators v5e-8 --out FILE``: one pair a
-chip (``--search 64``: then the largest batch up to 64 pairs a chip that fits, found with few
-compiles by benchmarks/batch_search.py; ``--set KEY=VALUE``), records added to FILE
-with benchmarks/flops.py's count beside the compiler's; ``--report FILE``: the table (docs/compile.md)."""
+``python -m benchmarks.tpu_compile --configs roberta --accelerators v5e-8 --out FILE``: one pair
+a chip (``--search 64``: then the largest batch that fits, benchmarks/batch_search.py), records
+added to FILE with benchmarks/flops.py's count beside the compiler's; ``--report FILE``: the table."""
 
 from __future__ import annotations
 
