@@ -192,10 +192,14 @@ def test_layout_table_sets_config_keys_and_batch_sizes():
 
 def test_encoder_flops_formula():
     class Config:
-        hidden_size, intermediate_size, num_hidden_layers = 4, 8, 2
+        hidden_size, intermediate_size, num_hidden_layers, model_type = 4, 8, 2, "bert"
+
+    class Gated(Config):
+        model_type = "modernbert"  # its unit says gated: three h x i matrices
 
     n = flops.encoder_matmul_params(Config)
     assert n == 2 * (4 * 16 + 2 * 4 * 8)
+    assert flops.encoder_matmul_params(Gated) == 2 * (4 * 16 + 3 * 4 * 8)
     # Two rows of 3 tokens: matmuls 2·N per token, attention 4·L·H·T² per row.
     assert flops.encoder_forward_flops(Config, [3, 3]) == 2 * n * 6 + 2 * (4 * 2 * 4 * 9)
     assert flops.heads_detector_forward_flops(4, TieredConfig(), 0, 7) == 0

@@ -108,27 +108,6 @@ def test_an_installed_gpu_plugin_without_a_gpu_is_not_started(monkeypatch):
     assert platforms.skip_absent_tpu(environ := {}) == "cuda,cpu"
 
 
-@pytest.mark.skipif(not platforms.installed("jax_cuda12_plugin"),
-                    reason="the CUDA plugin is not installed (not in the test extra: "
-                           "docs/compile.md)")
-def test_with_the_plugin_the_tiny_steps_compile_for_a_node_of_8_h100(run_main, tmp_path):
-    import json
-
-    result = run_main(f"--workdir={tmp_path}", "--mode=compile", "--topology=h100x8",
-                      "--config.mesh.fsdp=4", "--config.train.batch_size=8",
-                      "--config.train.eval_batch_size=8", timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = json.loads((tmp_path / "compile" / "h100x8.json").read_text())["records"]
-    assert [r["step"] for r in records] == ["train", "eval"]
-    for r in records:
-        assert r["compiler"] == "XLA:GPU" and r["chip"] == "NVIDIA H100 80GB HBM3"
-        assert r["chips"] == 8 and r["mesh"] == {"data": 2, "fsdp": 4} and r["fits"]
-        assert r["cost"]["counted"] and r["cost"]["flops"] > 0
-        assert r["roofline"]["step_seconds"] > 0 and r["peak"]["name"] == "tf32"
-        assert r["collectives"]["all-gather"]["count"] > 0
-    assert sum(l.endswith("[compile-time]") for l in result.stdout.splitlines()) == 2
-
-
 def test_the_committed_gpu_compile_table_is_its_records_and_the_readmes():
     import json
     from pathlib import Path

@@ -105,7 +105,8 @@ class Family:
     maps the ``model.random_encoder`` keys (Hugging Face BERT names) to the family's config
     keywords; ``published``: hub name -> the keys of its config.json that differ from the
     transformers class's defaults (``published_sizes``: what ``--mode=compile`` builds without
-    the network).
+    the network); ``gated(hf_config)``: its feed-forward is gated (three h x i matrices, not
+    two; the FLOP count of ``--mode=compile``).
     """
 
     name: str
@@ -120,6 +121,7 @@ class Family:
     pooled: str = "the row's first token ([CLS] / <s>)"
     random_config: Callable[[dict], dict] | None = None
     published: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    gated: Callable[[Any], bool] = lambda hf_config: False
 
 
 # unit (trip_jax/models/families/<name>.py) -> the Hugging Face model types it serves.

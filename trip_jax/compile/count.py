@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from trip_jax import encoder_registry
 from trip_jax.data import schema
 from trip_jax.models.tiered import TieredConfig
 
 
 def encoder_matmul_params(hf_config) -> int:
     """N: parameters that take part in matmuls per token (embeddings excluded): attention's four
-    h x h projections and the feed-forward's two h x i matrices, three where it is gated (T5's
-    gated-gelu, ModernBERT's GLU; T5 names i ``d_ff``)."""
+    h x h projections and the feed-forward's two h x i matrices, three where its family says it is gated
+    (``Family.gated``; a config without ``intermediate_size`` names i ``d_ff``)."""
     h = hf_config.hidden_size
     i = getattr(hf_config, "intermediate_size", None) or hf_config.d_ff
-    gated = (getattr(hf_config, "is_gated_act", False)
-             or getattr(hf_config, "model_type", "") == "modernbert")
+    gated = encoder_registry.family_of(hf_config.model_type).gated(hf_config)
     return hf_config.num_hidden_layers * (4 * h * h + (3 if gated else 2) * h * i)
 
 

@@ -218,4 +218,5 @@ FAMILY = Family(
     name="modernbert", model_types=("modernbert",), build=ModernBertEncoder,
     layers=LayerLayout(stacked=(_BASE, "layers"), per_layer=(_BASE, "layers", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
-    pooled="the row's first token ([CLS])", random_config=random_config, published=PUBLISHED)
+    pooled="the row's first token ([CLS])", random_config=random_config, published=PUBLISHED,
+    gated=lambda hf_config: True)  # its MLP is a GLU

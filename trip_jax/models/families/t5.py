@@ -202,4 +202,5 @@ FAMILY = Family(
     layers=LayerLayout(stacked=("encoder", "block"), per_layer=("encoder", "block", "{}")),
     tokenizer=TOKENIZER, capabilities=Capabilities(token_types=False), convert=convert,
     pooled="the row's first token (the entity's first piece: T5 has no [CLS])",
-    random_config=random_config, published=PUBLISHED)
+    random_config=random_config, published=PUBLISHED,
+    gated=lambda hf_config: hf_config.is_gated_act)
