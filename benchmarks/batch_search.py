@@ -1,11 +1,95 @@
-"""The largest batch that fits a chip, found with few compiles: shared by
-benchmarks/tpu_compile.py and benchmarks/gpu_compile.py (compile-time figures)."""
+"""A config's steps compiled at one pair a chip, or at the largest batch that fits, found with few
+compiles, records kept in a JSON file: shared by benchmarks/tpu_compile.py and
+benchmarks/gpu_compile.py (compile-time figures)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import time
 from pathlib import Path
+
+import ml_collections
+
+from configs import base
+from trip_jax.compile import run, targets
+from trip_jax.config.typed import typed
+
+GIB = 2 ** 30
+
+
+def config_of(name: str, overrides: list[str]):
+    """The typed config of configs/<name>.py with ``overrides`` ("section.key=value") set."""
+    config = importlib.import_module(f"configs.{name}").get_config()
+    for item in overrides:
+        key, _, text = item.partition("=")
+        current = base.get_key(config, key)
+        value = (text.lower() in ("1", "true", "yes") if isinstance(current, bool)
+                 else type(current)(text))
+        base.set_keys(config, {key: value})
+    return typed(ml_collections.ConfigDict(config))
+
+
+def measure(name: str, target: str, steps: list[str], overrides: list[str], most: int,
+            out: str | None, write, per_chip_list: list[int] | None = None, annotate=None
+            ) -> list[dict]:
+    """Records of ``steps`` of configs/<name>.py compiled for ``target`` (a TPU type, a GPU or a
+    node): at each of ``per_chip_list`` pairs a chip, else at one pair and (``most`` > 1) the
+    largest batch up to ``most`` that fits (``largest``), marked ``largest_that_fits``.
+    ``annotate(config, record, accelerator)`` adds figures to each new record; each is printed
+    and added to ``out`` (``write(file, records)``) as made; a record ``out`` holds is reused."""
+    config = config_of(name, overrides)
+    on_file = held(out, f"configs/{name}.py", target, overrides)
+    accelerator = run.on_devices(targets.target(target))
+    start = time.perf_counter()
+    trainer = run.build(config, accelerator)
+    build_seconds = time.perf_counter() - start
+    records = []
+    for step in steps:
+        def compile_at(per_chip: int, step=step) -> dict:
+            if (step, per_chip) in on_file:
+                records.append(on_file[step, per_chip])
+                return on_file[step, per_chip]
+            record = run.compile_step(trainer, step, per_chip * accelerator.chips, accelerator)
+            record.pop("parameter_placement", None)
+            record.update(config=f"configs/{name}.py", overrides=overrides,
+                          pairs_per_chip=per_chip, build_seconds=build_seconds)
+            if annotate:
+                annotate(config, record, accelerator)
+            records.append(record)
+            print(run.describe(record), flush=True)
+            if out:
+                save(out, [record], write)
+            return record
+
+        if per_chip_list:
+            for per_chip in per_chip_list:
+                compile_at(per_chip)
+        elif most > 1:
+            best, _ = largest(compile_at, accelerator.chip.hbm_bytes, most)
+            mark(out, [r for r in records if r["step"] == step], step, best, write)
+        else:
+            compile_at(1)
+    return records
+
+
+def leading_cells(record: dict, hbm_digits: int) -> str:
+    """A table row's first seven cells, both scripts': config, overrides, accelerator, step, pairs
+    a chip (largest marked), compile s, GiB a chip (of HBM, ``hbm_digits`` decimals), fits."""
+    r, mem = record, record["memory_bytes"]
+    largest_mark = " (largest)" if r.get("largest_that_fits") else ""
+    return (f"| `{r['config']}` | {' '.join(r['overrides']) or '-'} | {r['accelerator']} | "
+            f"{r['step']} | {r['pairs_per_chip']}{largest_mark} | {r['compile_seconds']:.0f} | "
+            f"{(mem['total'] or 0) / GIB:.2f}{'+' if mem.get('at_least') else ''} "
+            f"({r['hbm_bytes'] / GIB:.{hbm_digits}f}) | {'yes' if r['fits'] else 'no'} | ")
+
+
+def save(path: str, records: list[dict], write) -> None:
+    """Adds ``records`` to the JSON file ``path`` (``write(file, records)`` rewrites it)."""
+    file = Path(path)
+    old = json.loads(file.read_text())["records"] if file.exists() else []
+    write(file, old + records)
 
 
 def predict(points: dict[int, int], hbm: int, most: int) -> int:

@@ -9,65 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.batch_search import held as held_records, largest, predict  # noqa: F401
-from benchmarks.batch_search import mark as mark_in
-from benchmarks.tpu_compile import config_of
-from trip_jax.compile import run, targets
+from benchmarks import batch_search
+from benchmarks.batch_search import largest, predict  # noqa: F401
 
 GIB = 2 ** 30
 
 
 def measure(name: str, target: str, steps: list[str], overrides: list[str], most: int,
             out: str | None = None) -> list[dict]:
-    """Records of ``steps`` of configs/<name>.py on ``target`` (a GPU or node): one pair a GPU,
-    and (``most`` > 1) the largest batch up to ``most`` pairs a GPU that fits (``largest``);
-    each added to ``out`` as it is made, the largest marked ``largest_that_fits``; a record
-    ``out`` already holds is reused, not compiled again."""
-    config = config_of(name, overrides)
-    held = held_records(out, f"configs/{name}.py", target, overrides)
-    accelerator = run.on_devices(targets.target(target))
-    start = time.perf_counter()
-    trainer = run.build(config, accelerator)
-    build_seconds = time.perf_counter() - start
-    records = []
-
-    for step in steps:
-        def compile_at(per_gpu: int, step=step) -> dict:
-            if (step, per_gpu) in held:
-                records.append(held[step, per_gpu])
-                return held[step, per_gpu]
-            record = run.compile_step(trainer, step, per_gpu * accelerator.chips, accelerator)
-            record.pop("parameter_placement", None)
-            record.update(config=f"configs/{name}.py", overrides=overrides,
-                          pairs_per_chip=per_gpu, build_seconds=build_seconds)
-            print(run.describe(record), flush=True)
-            if out:
-                save(out, [record])
-            records.append(record)
-            return record
-
-        if most > 1:
-            best, _ = largest(compile_at, accelerator.chip.hbm_bytes, most)
-            mark(out, records, step, best)
-        else:
-            compile_at(1)
-    return records
-
-
-def mark(out: str | None, records: list[dict], step: str, best: int) -> None:
-    """Marks the record of ``step`` at ``best`` pairs a GPU ``largest_that_fits`` (here and in
-    ``out``)."""
-    mark_in(out, records, step, best, write)
-
-
-def save(path: str, records: list[dict]) -> None:
-    """Adds ``records`` to the JSON file ``path`` (its table rewritten)."""
-    file = Path(path)
-    old = json.loads(file.read_text())["records"] if file.exists() else []
-    write(file, old + records)
+    """Records of ``steps`` of configs/<name>.py on ``target`` (a GPU or node):
+    ``batch_search.measure``."""
+    return batch_search.measure(name, target, steps, overrides, most, out, write)
 
 
 def write(file: Path, records: list[dict]) -> None:
@@ -85,14 +39,10 @@ def table(records: list[dict]) -> str:
              "|" + "---|" * 13]
     for r in sorted(records, key=lambda r: (r["config"], r["accelerator"], r["overrides"],
                                             r["step"] != "train", r["pairs_per_chip"])):
-        mem, cost, roof = r["memory_bytes"], r.get("cost"), r.get("roofline")
+        cost, roof = r.get("cost"), r.get("roofline")
         moved = sum(v["bytes"] for v in r.get("collectives", {}).values())
-        largest_mark = " (largest)" if r.get("largest_that_fits") else ""
         lines.append(
-            f"| `{r['config']}` | {' '.join(r['overrides']) or '-'} | {r['accelerator']} | "
-            f"{r['step']} | {r['pairs_per_chip']}{largest_mark} | {r['compile_seconds']:.0f} | "
-            f"{(mem['total'] or 0) / GIB:.2f}{'+' if mem.get('at_least') else ''} "
-            f"({r['hbm_bytes'] / GIB:.1f}) | {'yes' if r['fits'] else 'no'} | "
+            batch_search.leading_cells(r, hbm_digits=1)
             + (f"{cost['flops']:.3g} | {roof['intensity_flops_per_byte']:.0f} "
                f"({roof['ridge_point']:.0f}, {r['peak']['name']}) | {moved / GIB:.2f} | "
                f"{roof['step_seconds'] * 1e3:.1f} | {roof['pairs_per_second_per_chip']:.1f} |"

@@ -266,7 +266,7 @@ def test_the_tpu_batch_search_is_the_gpu_one_and_reuses_the_records_on_file(monk
                 "compile_seconds": 1.0, "hbm_bytes": 100, "fits": total <= 100,
                 "memory_bytes": {"total": total}}
 
-    monkeypatch.setattr(tpu_compile, "config_of", lambda name, overrides: None)
+    monkeypatch.setattr(batch_search, "config_of", lambda name, overrides: None)
     monkeypatch.setattr(targets, "target", lambda name: name)
     monkeypatch.setattr(run, "on_devices", lambda target: accelerator)
     monkeypatch.setattr(run, "build", lambda config, acc: None)
