@@ -125,12 +125,15 @@ class BertIntermediate(layer_stack.Part):
 
 
 class BertLayer(layer_stack.Layer):
-    """One transformer block: attention, intermediate, output. Returns ``(x, None)``, the
-    carry of ``layer_stack.scanned``."""
+    """One transformer block: attention (``attention_type``), intermediate, output. Returns
+    ``(x, None)``, the carry of ``layer_stack.scanned``."""
+
+    attention_type = BertAttention  # a class attribute, not a field: MPNet's layer swaps it
 
     @nn.compact
     def __call__(self, x, bias):
-        x = BertAttention(self.config, self.dtype, name="attention")(x, bias, self.deterministic)
+        x = self.attention_type(self.config, self.dtype, name="attention")(
+            x, bias, self.deterministic)
         h = BertIntermediate(self.config, self.dtype, name="intermediate")(x)
         return BertResidualOutput(self.config, self.dtype, name="output")(
             h, x, self.deterministic), None

@@ -16,8 +16,7 @@ from flax import linen as nn
 from trip_jax.models import layer_stack
 from trip_jax.encoder_registry import Capabilities, Checkpoint, Family
 from trip_jax.models.families import bert, roberta
-from trip_jax.models.families.bert import (BertIntermediate, BertResidualOutput,
-                                           BertSelfAttention, _embed, _layer_norm)
+from trip_jax.models.families.bert import BertLayer, BertSelfAttention, _embed, _layer_norm
 from trip_jax.models.relative_positions import RelativeAttentionBias
 from trip_jax.models.segments import attention_bias, position_ids
 
@@ -48,15 +47,10 @@ class MPNetAttention(layer_stack.Part):
         return _layer_norm(self.config, self.dtype)(h + x)
 
 
-class MPNetLayer(layer_stack.Layer):
-    """One layer (scanned: ``layer_stack``): attention, intermediate, output; ``(x, None)``."""
+class MPNetLayer(BertLayer):
+    """BERT's layer with MPNet's attention (scanned: ``layer_stack``); ``(x, None)``."""
 
-    @nn.compact
-    def __call__(self, x, bias):
-        x = MPNetAttention(self.config, self.dtype, name="attention")(x, bias, self.deterministic)
-        h = BertIntermediate(self.config, self.dtype, name="intermediate")(x)
-        return BertResidualOutput(self.config, self.dtype, name="output")(
-            h, x, self.deterministic), None
+    attention_type = MPNetAttention
 
 
 class MPNetTransformer(layer_stack.Stack):
