@@ -4,6 +4,7 @@ benchmarks/gpu_compile.py (compile-time figures)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import math
@@ -72,6 +73,34 @@ def measure(name: str, target: str, steps: list[str], overrides: list[str], most
         else:
             compile_at(1)
     return records
+
+
+def command(argv, doc: str, measure, table, targets_flag: str, default: str) -> None:
+    """Both scripts' command line: ``--configs`` and ``--TARGETS_FLAG`` (comma lists), ``--steps``,
+    ``--search``, ``--pairs-per-chip``, ``--set``, ``--out``: every record
+    ``measure(config, target, steps, overrides, search, pairs_per_chip, out)`` made, then their
+    table; ``--report FILE``: FILE's table only."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--configs", default="roberta")
+    parser.add_argument(f"--{targets_flag}", dest="targets", metavar=targets_flag.upper(),
+                        default=default)
+    parser.add_argument("--steps", default="train,eval")
+    parser.add_argument("--search", type=int, default=0, help="most pairs a chip to try")
+    parser.add_argument("--pairs-per-chip", help="these pairs a chip (1,8,...), not a search")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+    parser.add_argument("--out", help="JSON file the records are added to")
+    parser.add_argument("--report", help="print the table of this JSON file and stop")
+    args = parser.parse_args(argv)
+    if args.report:
+        print(table(json.loads(Path(args.report).read_text())["records"]))
+        return
+    per_chip = [int(n) for n in (args.pairs_per_chip or "").split(",") if n]
+    records = []
+    for name in args.configs.split(","):
+        for target in args.targets.split(","):
+            records += measure(name, target, args.steps.split(","), args.set, args.search,
+                               per_chip, out=args.out)
+    print(table(records))
 
 
 def leading_cells(record: dict, hbm_digits: int) -> str:

@@ -6,7 +6,6 @@ added to FILE as made; ``--report FILE``: the table. FLOPs from ``trip_jax.compi
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,10 +17,10 @@ GIB = 2 ** 30
 
 
 def measure(name: str, target: str, steps: list[str], overrides: list[str], most: int,
-            out: str | None = None) -> list[dict]:
+            per_chip_list: list[int] | None = None, out: str | None = None) -> list[dict]:
     """Records of ``steps`` of configs/<name>.py on ``target`` (a GPU or node):
     ``batch_search.measure``."""
-    return batch_search.measure(name, target, steps, overrides, most, out, write)
+    return batch_search.measure(name, target, steps, overrides, most, out, write, per_chip_list)
 
 
 def write(file: Path, records: list[dict]) -> None:
@@ -51,25 +50,8 @@ def table(records: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    """The command (module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default="roberta")
-    parser.add_argument("--gpus", default="h100")
-    parser.add_argument("--steps", default="train,eval")
-    parser.add_argument("--search", type=int, default=0, help="most pairs a GPU to try")
-    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
-    parser.add_argument("--out", help="JSON file the records are added to")
-    parser.add_argument("--report", help="print the table of this JSON file and stop")
-    args = parser.parse_args(argv)
-    if args.report:
-        print(table(json.loads(Path(args.report).read_text())["records"]))
-        return
-    records = []
-    for name in args.configs.split(","):
-        for gpu in args.gpus.split(","):
-            records += measure(name, gpu, args.steps.split(","), args.set, args.search,
-                               out=args.out)
-    print(table(records))
+    """The command (module docstring; ``batch_search.command``)."""
+    batch_search.command(argv, __doc__, measure, table, "gpus", "h100")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ added to FILE with benchmarks/flops.py's count beside the compiler's; ``--report
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -76,27 +75,8 @@ def table(records: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    """The command (module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default="roberta")
-    parser.add_argument("--accelerators", default="v5e-8")
-    parser.add_argument("--steps", default="train,eval")
-    parser.add_argument("--search", type=int, default=0, help="most pairs a chip to try")
-    parser.add_argument("--pairs-per-chip", help="these pairs a chip (1,8,...), not a search")
-    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
-    parser.add_argument("--out", help="JSON file the records are added to")
-    parser.add_argument("--report", help="print the table of this JSON file and stop")
-    args = parser.parse_args(argv)
-    if args.report:
-        print(table(json.loads(Path(args.report).read_text())["records"]))
-        return
-    records = []
-    for name in args.configs.split(","):
-        for acc in args.accelerators.split(","):
-            records += measure(name, acc, args.steps.split(","), args.set, args.search,
-                               [int(n) for n in (args.pairs_per_chip or "").split(",") if n],
-                               out=args.out)
-    print(table(records))
+    """The command (module docstring; ``batch_search.command``)."""
+    batch_search.command(argv, __doc__, measure, table, "accelerators", "v5e-8")
 
 
 if __name__ == "__main__":
