@@ -94,14 +94,51 @@ def test_bad_compile_flags_are_one_line(run_main, tmp_path, flags, says):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_v4_slice_is_refused_in_one_line_and_small_slices_load():
+def test_a_slice_with_other_than_one_device_a_chip_is_refused_and_small_slices_load(
+        monkeypatch):
     from trip_jax.compile import run
 
+    v4 = chips.accelerator("v4-8")
+    monkeypatch.setattr(run, "topology_devices", lambda accelerator: (None,) * 8)
     with pytest.raises(run.CompileError, match="8 devices .* for 4 chips"):
-        run.on_devices(chips.accelerator("v4-8"))
+        run.on_devices(v4)
+    monkeypatch.undo()
     v5e = chips.accelerator("v5e-8")
     assert run.on_devices(v5e) == v5e
     assert [len(run.topology_devices(chips.accelerator(n))) for n in ("v5e-1", "v6e-2")] == [1, 2]
+
+
+def test_v4_compiles_in_megacore_one_device_a_chip_with_the_chips_hbm():
+    # libtpu's default v4 config has a device per TensorCore with half the HBM; megacore has
+    # one a chip: 12 GiB in and 12 out a device fit a v4 chip (32 GiB), 20 and 20 do not.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from trip_jax.compile import run
+
+    v4 = chips.accelerator("v4-8")
+    devices = run.topology_devices(v4)
+    assert run.on_devices(v4) == v4 and len(devices) == 4
+    assert {d.device_kind for d in devices} == {"TPU v4"}
+    assert len({tuple(d.coords) for d in devices}) == 4
+
+    def compiled(devices, gib):
+        mesh = Mesh(np.array(devices), ("d",))
+        x = jax.ShapeDtypeStruct((gib * 2 ** 28 * len(devices),), jnp.float32,
+                                 sharding=NamedSharding(mesh, PartitionSpec("d")))
+        return jax.jit(lambda a: a * 2).lower(x).compile()
+
+    memory = compiled(devices, 12).memory_analysis()
+    assert memory.argument_size_in_bytes == memory.output_size_in_bytes == 12 * 2 ** 30
+    with pytest.raises(Exception, match=r"RESOURCE_EXHAUSTED.*available HBM \(30.75G\)"):
+        compiled(devices, 20)
+    per_core = topologies.get_topology_desc(v4.topology, "tpu").devices
+    assert len(per_core) == 8
+    with pytest.raises(Exception, match=r"RESOURCE_EXHAUSTED.*available HBM \(15.25G\)"):
+        compiled(per_core, 12)
 
 
 def test_a_mesh_that_splits_the_torus_is_built():

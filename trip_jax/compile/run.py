@@ -49,8 +49,8 @@ class CompileError(ValueError):
 
 @functools.lru_cache(maxsize=None)
 def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
-    """The devices of ``accelerator``'s topology (libtpu's description, or the CUDA plugin's of
-    ``gpus.target_config``; no TPU or GPU needed)."""
+    """The devices of ``accelerator``'s topology (libtpu's description, one device a chip: v4's
+    in megacore; or the CUDA plugin's of ``gpus.target_config``; no TPU or GPU needed)."""
     if accelerator.platform == "cuda":
         return gpu_devices(accelerator)
     if not platforms.installed("libtpu"):
@@ -64,6 +64,10 @@ def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
     options = {}
     if len(sides) == 2 and min(sides) < 2:  # a slice smaller than libtpu's 2x2 host
         options["chips_per_host_bounds"] = [min(side, 2) for side in sides] + [1]
+    if accelerator.chip.name == "v4":
+        # libtpu's default v4 chip config has one device per TensorCore (half the chip's HBM
+        # each); megacore has one a chip with all of its HBM, as JAX's TPU meshes need.
+        options["chip_config_name"] = "megacore"
     return tuple(topologies.get_topology_desc(accelerator.topology, "tpu", **options).devices)
 
 
@@ -82,10 +86,9 @@ def gpu_devices(accelerator: chips_lib.Accelerator) -> tuple:
 
 
 def on_devices(accelerator: chips_lib.Accelerator) -> chips_lib.Accelerator:
-    """``accelerator`` when libtpu describes it with one JAX device a chip (v5e, v5p, v6e);
-    CompileError for a v4 slice, which libtpu 0.0.42 describes with one device per TensorCore
-    (8 for v4-8), a layout JAX's TPU meshes refuse (they need megacore: one device a chip).
-    A GPU node as it is."""
+    """``accelerator`` when libtpu describes it with one JAX device a chip (every chip here: v4
+    in megacore, ``topology_devices``); CompileError in one line when it gives another count
+    (one device per TensorCore), a layout JAX's TPU meshes refuse. A GPU node as it is."""
     if accelerator.platform != "tpu":
         return accelerator
     devices = len(topology_devices(accelerator))
@@ -93,7 +96,7 @@ def on_devices(accelerator: chips_lib.Accelerator) -> chips_lib.Accelerator:
         raise CompileError(
             f"--topology={accelerator.name}: libtpu describes it with {devices} devices (one per "
             f"TensorCore) for {accelerator.chips} chips, and JAX's TPU meshes need one device a "
-            "chip; v4 is not supported by --mode=compile yet (v5e, v5p and v6e are)")
+            "chip")
     return accelerator
 
 
