@@ -27,6 +27,8 @@ class Chip:
     cores_per_chip: int   # TensorCores the accelerator type's suffix counts per chip
     dims: int             # torus dimensions of a slice
     source: str
+    # libtpu's chip config giving one device a chip with all its HBM ("" : its default does)
+    chip_config: str = ""
 
     @property
     def ridge_point(self) -> float:
@@ -36,7 +38,9 @@ class Chip:
 
 CHIPS: dict[str, Chip] = {c.name: c for c in (
     # cloud.google.com/tpu/docs/v4: 275 TFLOPs (bf16), HBM2 32 GiB, 1200 GBps; 2 TensorCores.
-    Chip("v4", "TPU v4", 275e12, 32 * GIB, 1200e9, 2, 3, "https://cloud.google.com/tpu/docs/v4"),
+    # libtpu's default v4 config has one device per TensorCore (half the HBM each): megacore.
+    Chip("v4", "TPU v4", 275e12, 32 * GIB, 1200e9, 2, 3, "https://cloud.google.com/tpu/docs/v4",
+         chip_config="megacore"),
     # cloud.google.com/tpu/docs/v5e: 197 TFLOPs (bf16), HBM2 16 GB, 819 GBps; 1 TensorCore.
     Chip("v5e", "TPU v5 lite", 197e12, 16 * GIB, 819e9, 1, 2,
          "https://cloud.google.com/tpu/docs/v5e"),

@@ -49,8 +49,8 @@ class CompileError(ValueError):
 
 @functools.lru_cache(maxsize=None)
 def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
-    """The devices of ``accelerator``'s topology (libtpu's description, one device a chip: v4's
-    in megacore; or the CUDA plugin's of ``gpus.target_config``; no TPU or GPU needed)."""
+    """The devices of ``accelerator``'s topology (libtpu's description, one device a chip: the
+    chip's ``chip_config``; or the CUDA plugin's of ``gpus.target_config``; no TPU or GPU needed)."""
     if accelerator.platform == "cuda":
         return gpu_devices(accelerator)
     if not platforms.installed("libtpu"):
@@ -64,10 +64,8 @@ def topology_devices(accelerator: chips_lib.Accelerator) -> tuple:
     options = {}
     if len(sides) == 2 and min(sides) < 2:  # a slice smaller than libtpu's 2x2 host
         options["chips_per_host_bounds"] = [min(side, 2) for side in sides] + [1]
-    if accelerator.chip.name == "v4":
-        # libtpu's default v4 chip config has one device per TensorCore (half the chip's HBM
-        # each); megacore has one a chip with all of its HBM, as JAX's TPU meshes need.
-        options["chip_config_name"] = "megacore"
+    if accelerator.chip.chip_config:  # one device a chip, as JAX's TPU meshes need
+        options["chip_config_name"] = accelerator.chip.chip_config
     return tuple(topologies.get_topology_desc(accelerator.topology, "tpu", **options).devices)
 
 
