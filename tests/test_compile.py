@@ -141,6 +141,20 @@ def test_v4_compiles_in_megacore_one_device_a_chip_with_the_chips_hbm():
         compiled(per_core, 12)
 
 
+@pytest.mark.parametrize("prng_impl", ["threefry2x32", "rbg"])
+def test_the_compiled_train_step_draws_dropout_with_the_configs_prng(prng_impl):
+    import jax
+
+    from benchmarks import batch_search
+    from trip_jax.compile import run, shapes
+
+    config = batch_search.config_of("tiny", [f"train.prng_impl={prng_impl}"])
+    trainer = run.build(config, run.on_devices(chips.accelerator("v5e-4")))
+    lowered = trainer.train_step.lower(trainer.abstract_state, shapes.batch_spec(config, 4, 4))
+    assert ("rng_bit_generator" in lowered.as_text()) == (prng_impl == "rbg")
+    assert jax.config.jax_default_prng_impl == "threefry2x32"  # as it was
+
+
 def test_a_mesh_that_splits_the_torus_is_built():
     # v5e-256 is a 16x16 torus: data=32 x fsdp=8 splits its sides (mesh_utils refuses that
     # unless asked); training's create_mesh builds it.

@@ -179,3 +179,55 @@ def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir, 
     assert result["restore_diff"] == 0.0
     assert result["same_checksums"]
     assert result["dense_diff"] < 1e-5
+
+
+def loop_collectives_worker() -> dict:
+    """The tiny config's train step (2 encoder layers) lowered from abstract shapes for a 2 x 4
+    (data, fsdp) mesh of 8 host devices and compiled: {loop body: its collectives' kinds}."""
+    import re
+
+    import jax
+
+    from configs import tiny
+    from trip_jax.compile import encoders, shapes
+    from trip_jax.models import builders
+    from trip_jax.training import step as train_step
+
+    config = tiny.get_config()
+    config.mesh.update(dict(data=2, fsdp=4, fsdp_min_size=1))
+    config.model.random_encoder.num_hidden_layers = 2
+    built = typed(config)
+    model = builders.build_model(built, encoders.encoder_config(built))
+    trainer = train_step.build_trainer(built, model, sharding.create_mesh(built.mesh), 1)
+    batch = shapes.batch_spec(built, 8, 8)
+    text = trainer.train_step.lower(trainer.abstract_state, batch).compile().as_text()
+    bodies = set(re.findall(r"body=%?([\w.\-]+)", text))
+    inside, current = {}, None
+    for line in text.splitlines():
+        start = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if start:
+            current = start.group(1)
+        found = re.search(r" (all-gather|all-reduce|reduce-scatter|all-to-all|"
+                          r"collective-permute)(-start)?\(", line)
+        if found and current in bodies:
+            inside.setdefault(current, []).append(found.group(1))
+    return {"device_count": jax.device_count(), "loops": len(bodies), "inside": inside}
+
+
+def test_fsdp_gathers_parameters_not_activations_in_the_layers(repo, test_xla_flags,
+                                                               main_install):
+    # Without sharding.gathered XLA split the layers' matmuls over fsdp along the weights and
+    # moved activations between devices in every layer (15 collectives a layer loop here;
+    # docs/compile.md#fsdp); with it the layers' loops only reduce their gradients.
+    code = ("import json; from test_sharding import loop_collectives_worker; "
+            "print(json.dumps(loop_collectives_worker()))")
+    env = main_install({
+        **os.environ, "XLA_FLAGS": f"{test_xla_flags} --xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([
+            str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])})
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["device_count"] == 8 and result["loops"] > 0
+    assert all(kinds == ["all-reduce"] for kinds in result["inside"].values()), result

@@ -21,7 +21,7 @@ from trip_jax.compile import chips as chips_lib
 from trip_jax.compile import count, encoders, figures, gpus, shapes, targets
 from trip_jax.evaluation.evaluate import eval_batch_size
 from trip_jax.models import builders
-from trip_jax.runtime import platforms, sharding
+from trip_jax.runtime import jax_setup, platforms, sharding
 from trip_jax.training.step import build_trainer
 
 GIB = 2 ** 30
@@ -155,7 +155,8 @@ def build(config, accelerator: chips_lib.Accelerator):
     except encoders.UnknownEncoder as err:
         raise CompileError(str(err)) from None
     model = builders.build_model(config, hf_config)
-    return build_trainer(config, model, mesh, total_steps=1)
+    with jax_setup.prng_impl(config.train.prng_impl):  # the steps' dropout keys, as training's
+        return build_trainer(config, model, mesh, total_steps=1)
 
 
 def _compile(lowered, record: dict[str, Any]):

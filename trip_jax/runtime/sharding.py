@@ -2,7 +2,7 @@
 
 A ``data`` x ``fsdp`` mesh: batches split over both, large parameters and optimizer state sharded
 over ``fsdp`` on their largest divisible dimension, the rest replicated; the rule reads shapes
-only. Details: docs/reference.md#hand-written-parts-and-why.
+only. A step gathers the parameters whole before use (``gathered``, docs/compile.md#fsdp). Details: docs/reference.md#hand-written-parts-and-why.
 """
 
 from __future__ import annotations
@@ -107,6 +107,15 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of every Batch array: leading dimension split over all devices (also usable as
     the sharding of a whole Batch dict, whatever its keys)."""
     return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def gathered(params):
+    """``params`` whole on every device of the mesh the steps trace under (FSDP's gather before
+    use; their gradients then leave reduced to each device's shard); as they are outside one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return params
+    return jax.tree.map(lambda p: jax.lax.with_sharding_constraint(p, P()), params)
 
 
 def local_block(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tuple[int, int]:
