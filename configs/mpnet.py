@@ -2,7 +2,7 @@ r"""MPNet (all-mpnet-base-v2, 110M), offline from PyPI (docs/reference.md#mpnet)
 
 Command: ``python -m trip_jax.main --config=configs/mpnet.py --workdir=workdirs/mpnet`` (the
 tuned recipe: 4 epochs of dev_all at lr 3e-5, decided on dev folds 0-1, results/mpnet_cv/; then
-test). Expected on test: 78.6 / 52.3 / 30.1 (seeds 22-23, results/mpnet/summary.md).
+test). Expected on test: 78.8 / 53.1 / 31.2 (seeds 22-24, results/mpnet/summary.md).
 """
 
 from configs import base
