@@ -45,6 +45,20 @@ def test_mesh_sizes_are_checked():
         sharding.create_mesh(ConfigDict(dict(data=-1, fsdp=-1)))
 
 
+def on_eight_devices(code: str, repo, test_xla_flags, main_install
+                     ) -> subprocess.CompletedProcess:
+    """Runs ``python -c code`` (importing this module's workers) on 8 host CPU devices with the
+    tests' compile flags; asserts it succeeded."""
+    env = main_install({
+        **os.environ, "XLA_FLAGS": f"{test_xla_flags} --xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([
+            str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])})
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
 def equivalence_worker(data_dir: str, checkpoint_dir: str) -> dict:
     """Trains STEPS steps of the tiny config on each layout of LAYOUTS from the same
     initialisation; saves the FSDP parameters and restores them on one device."""
@@ -157,13 +171,7 @@ def test_data_parallel_and_fsdp_train_like_one_device(tmp_path, repo, data_dir, 
             f"json.dump(equivalence_worker({data_dir!r}, {str(tmp_path / 'ckpt')!r}), "
             f"open({str(out)!r}, 'w'))")
     # The check is about agreement between layouts, not speed: the tests' fast-compile flags.
-    env = main_install({
-        **os.environ, "XLA_FLAGS": f"{test_xla_flags} --xla_force_host_platform_device_count=8",
-        "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([
-            str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])})
-    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    on_eight_devices(code, repo, test_xla_flags, main_install)
     result = json.loads(out.read_text())
     assert result["device_count"] == 8
     # FSDP really shards parameters; the other layouts replicate them.
@@ -221,13 +229,7 @@ def test_fsdp_gathers_parameters_not_activations_in_the_layers(repo, test_xla_fl
     # docs/compile.md#fsdp); with it the layers' loops only reduce their gradients.
     code = ("import json; from test_sharding import loop_collectives_worker; "
             "print(json.dumps(loop_collectives_worker()))")
-    env = main_install({
-        **os.environ, "XLA_FLAGS": f"{test_xla_flags} --xla_force_host_platform_device_count=8",
-        "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([
-            str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])})
-    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = on_eight_devices(code, repo, test_xla_flags, main_install)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["device_count"] == 8 and result["loops"] > 0
     assert all(kinds == ["all-reduce"] for kinds in result["inside"].values()), result
