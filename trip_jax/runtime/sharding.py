@@ -1,9 +1,8 @@
 """Device mesh and partition rules: one place that says where every array lives.
 
 A ``data`` x ``fsdp`` mesh: batches split over both, large parameters and optimizer state sharded
-over ``fsdp`` on their largest divisible dimension, the rest replicated; the rule reads shapes
-only. A step gathers the parameters whole before use (``gathered``, docs/compile.md#fsdp).
-Details: docs/reference.md#hand-written-parts-and-why.
+over ``fsdp`` on their largest divisible dimension (by shapes), the rest replicated; steps gather
+them before use (``gathered``; docs/compile.md#fsdp, docs/reference.md#hand-written-parts-and-why).
 """
 
 from __future__ import annotations
