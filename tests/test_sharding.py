@@ -197,7 +197,7 @@ def loop_collectives_worker() -> dict:
     import jax
 
     from configs import tiny
-    from trip_jax.compile import encoders, shapes
+    from trip_jax.compile import encoders, figures, shapes
     from trip_jax.models import builders
     from trip_jax.training import step as train_step
 
@@ -215,8 +215,7 @@ def loop_collectives_worker() -> dict:
         start = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
         if start:
             current = start.group(1)
-        found = re.search(r" (all-gather|all-reduce|reduce-scatter|all-to-all|"
-                          r"collective-permute)(-start)?\(", line)
+        found = re.search(rf" ({'|'.join(figures.COLLECTIVES)})(-start)?\(", line)
         if found and current in bodies:
             inside.setdefault(current, []).append(found.group(1))
     return {"device_count": jax.device_count(), "loops": len(bodies), "inside": inside}

@@ -109,13 +109,10 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def gathered(params):
-    """``params`` whole on every device of the mesh the steps trace under (FSDP's gather before
-    use; their gradients then leave reduced to each device's shard); as they are outside one."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return params
-    return jax.tree.map(lambda p: jax.lax.with_sharding_constraint(p, P()), params)
+def gathered(params, mesh: Mesh):
+    """``params`` whole on every device of ``mesh``, inside a jitted step (FSDP's gather before
+    use; their gradients then leave reduced to each device's shard)."""
+    return jax.lax.with_sharding_constraint(params, replicated(mesh))
 
 
 def local_block(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tuple[int, int]:

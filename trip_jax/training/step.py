@@ -8,7 +8,6 @@ built once per process for equal arguments (``reuse_built``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,18 +24,6 @@ from trip_jax.training.state import (TrainState, abstract_train_state, create_tr
                                      jitted_init)
 
 
-def _under(mesh) -> Callable:
-    """Traces a step under ``mesh`` (its abstract mesh), which ``sharding.gathered`` reads."""
-
-    def wrap(function):
-        @functools.wraps(function)
-        def traced(*args):
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                return function(*args)
-        return traced
-    return wrap
-
-
 def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
                     seed: int, *, freeze_encoder: bool = False) -> Callable:
     """Returns ``step(state, batch) -> (state, metrics)``: one jitted, sharded update.
@@ -50,16 +37,14 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
     """
     dropout_key = jax.random.split(jax.random.key(seed))[1]
 
-    @_under(mesh)
     def step(state: TrainState, batch):
         rng = jax.random.fold_in(dropout_key, state.step)
 
         def loss_fn(params):
             if freeze_encoder:
                 params = {**params, "encoder": jax.lax.stop_gradient(params["encoder"])}
-            outputs = model.apply({"params": sharding.gathered(params)}, batch,
-                                  deterministic=False,
-                                  rngs={"dropout": rng})
+            outputs = model.apply({"params": sharding.gathered(params, mesh)}, batch,
+                                  deterministic=False, rngs={"dropout": rng})
             return losses.tiered_loss(outputs, batch, loss_config)
 
         (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -92,9 +77,9 @@ def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings)
     (``PAIR_KEYS``) and the loss terms under "loss", replicated on every device (so every process
     can score the whole batch)."""
 
-    @_under(mesh)
     def step(params, batch):
-        outputs = model.apply({"params": sharding.gathered(params)}, batch, deterministic=True)
+        outputs = model.apply({"params": sharding.gathered(params, mesh)}, batch,
+                              deterministic=True)
         _, parts = losses.tiered_loss(outputs, batch, loss_config)
         out = {k: outputs[k] for k in (*batch_contract.PREDICTION_KEYS, *batch_contract.LOGIT_KEYS)}
         out.update({k: batch[k] for k in batch_contract.PAIR_KEYS})
