@@ -155,6 +155,33 @@ def test_the_compiled_train_step_draws_dropout_with_the_configs_prng(prng_impl):
     assert jax.config.jax_default_prng_impl == "threefry2x32"  # as it was
 
 
+@pytest.mark.parametrize("prng_impl", ["rbg", "unsafe_rbg"])
+def test_with_unsafe_rbg_each_chip_draws_only_its_own_dropout_bits(prng_impl):
+    # XLA:TPU draws an RngBitGenerator's bits for the whole batch on every chip, then keeps the
+    # chip's share (rbg); for unsafe_rbg the train step asks it to draw only the chip's share
+    # (docs/compile.md#fsdp). On another platform the step asks nothing.
+    import re
+
+    import jax
+
+    from benchmarks import batch_search
+    from trip_jax.compile import run, shapes
+    from trip_jax.runtime import sharding
+    from trip_jax.training import step
+
+    config = batch_search.config_of("tiny", [f"train.prng_impl={prng_impl}"])
+    trainer = run.build(config, run.on_devices(chips.accelerator("v5e-4")))
+    batch = shapes.batch_spec(config, 4, 4)
+    text = trainer.train_step.lower(trainer.abstract_state, batch).compile().as_text()
+    drawn = {int(dims.split(",")[0]) for dims in
+             re.findall(r"= u32\[([0-9,]+)\]\S* rng-bit-generator", text)}
+    sequences = batch["input_ids"].shape[0]
+    per_chip = prng_impl == "unsafe_rbg"
+    assert (sequences // 4 in drawn, sequences in drawn) == (per_chip, not per_chip), drawn
+    cpu_mesh = sharding.create_mesh(config.mesh, jax.devices("cpu")[:1])
+    assert step.step_compiler_options(cpu_mesh, "unsafe_rbg") is None
+
+
 def test_a_mesh_that_splits_the_torus_is_built():
     # v5e-256 is a 16x16 torus: data=32 x fsdp=8 splits its sides (mesh_utils refuses that
     # unless asked); training's create_mesh builds it.

@@ -248,7 +248,8 @@ class TrainConfig(Section):
     selection_window: int = option(2, "evaluations the smoothed selection averages",
                                    POSITIVE_INT)
     async_checkpoints: bool = option(True, "save checkpoints in the background")
-    prng_impl: PrngImpl = option("threefry2x32", "PRNG of dropout (rbg: faster, other masks)")
+    prng_impl: PrngImpl = option("threefry2x32", "PRNG of dropout (rbg: faster, other masks; "
+                                 "unsafe_rbg: on TPUs each device draws only its own bits)")
     compilation_cache_dir: str = option("", "keep compiled steps here across runs ('': off)")
 
 

@@ -24,8 +24,23 @@ from trip_jax.training.state import (TrainState, abstract_train_state, create_tr
                                      jitted_init)
 
 
+# XLA:TPU draws an RngBitGenerator's bits for the whole array on every device, then keeps the
+# device's share; with this option each device draws only its share (other bits for another
+# mesh). Set for train.prng_impl=unsafe_rbg on TPUs (docs/compile.md#fsdp).
+PER_DEVICE_RNG_BITS = {"xla_tpu_spmd_rng_bit_generator_unsafe": True}
+
+
+def step_compiler_options(mesh, prng_impl: str) -> dict[str, Any] | None:
+    """The train step's XLA options: ``PER_DEVICE_RNG_BITS`` for ``unsafe_rbg`` on a TPU mesh,
+    else None."""
+    if prng_impl == "unsafe_rbg" and mesh.devices.flat[0].platform == "tpu":
+        return PER_DEVICE_RNG_BITS
+    return None
+
+
 def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, state_shardings,
-                    seed: int, *, freeze_encoder: bool = False) -> Callable:
+                    seed: int, *, freeze_encoder: bool = False,
+                    compiler_options: dict[str, Any] | None = None) -> Callable:
     """Returns ``step(state, batch) -> (state, metrics)``: one jitted, sharded update.
 
     The state is donated; the dropout key is ``fold_in(key(seed) split, step)``, so a resumed
@@ -34,6 +49,7 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
     is False when the loss or the gradient norm is not finite (the parameters' norm is
     ``make_param_norm``'s, on logging steps only). ``freeze_encoder``: no gradient flows into the
     encoder (its backward pass is not computed; the optimizer must leave it unchanged too).
+    ``compiler_options``: XLA's, for the jit (``step_compiler_options``).
     """
     dropout_key = jax.random.split(jax.random.key(seed))[1]
 
@@ -60,7 +76,7 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
     return jax.jit(step,
                    in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=(state_shardings, sharding.replicated(mesh)),
-                   donate_argnums=(0,))
+                   donate_argnums=(0,), compiler_options=compiler_options)
 
 
 def make_param_norm(mesh, param_shardings) -> Callable:
@@ -143,7 +159,9 @@ def _build_trainer(config, model, mesh, total_steps: int) -> Trainer:
     tx, schedule = optimizers.make_optimizer(config.train, total_steps)
     abstract, shardings = abstract_train_state(config, model, tx, mesh)
     train_step = make_train_step(model, tx, schedule, config.loss, mesh, shardings,
-                                 config.train.seed, freeze_encoder=config.train.freeze_encoder)
+                                 config.train.seed, freeze_encoder=config.train.freeze_encoder,
+                                 compiler_options=step_compiler_options(
+                                     mesh, config.train.prng_impl))
     eval_step = shared_eval_step(model, config.loss, mesh, shardings.params)
     return Trainer(config, model, mesh, tx, schedule, shardings, abstract, train_step, eval_step,
                    make_param_norm(mesh, shardings.params),
