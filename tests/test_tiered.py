@@ -21,7 +21,7 @@ from trip_jax.config.sections import ModelConfig
 from trip_jax.config.typed import typed
 from trip_jax.data import schema
 from trip_jax.data import features, layouts
-from trip_jax.data.batching import BatchPlan
+from trip_jax.data.batching import BatchPlan, Epoch
 from trip_jax.data.tokenizers import load_tokenizer
 from trip_jax.data.types import Story, StoryPair
 from trip_jax.training.losses import LossConfig, tiered_loss
@@ -153,6 +153,27 @@ def test_packed_and_dense_layouts_agree(encoded, packed, params, padding_mask):
                                    err_msg=key)
     np.testing.assert_allclose(tiered_loss(out_packed, packed, WEIGHTS)[0],
                                tiered_loss(out_dense, dense, WEIGHTS)[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("padding_rows", ["zero", "encoded"])
+@pytest.mark.parametrize("layout", ["packed_tokens", "dense"])
+def test_a_batch_in_pieces_reads_each_pieces_rows_from_its_own_sequences(encoded, layout,
+                                                                       padding_rows):
+    # The steps pass their mesh's batch shards as ``pieces`` (a sharded batch then reads its rows
+    # on its own devices; the original's padding row is encoded once a piece): every layout
+    # builds a batch in pieces whose rows start in their own piece's sequences, and the outputs
+    # equal the whole batch's.
+    batch = next(LAYOUTS[layout].batches(encoded, Epoch(2, shards_per_process=2)))
+    tokens, rows = np.size(batch["input_ids"]) // 2, np.size(batch["row_start"]) // 2
+    np.testing.assert_array_equal(np.asarray(batch["row_start"]) // tokens,
+                                  np.arange(2 * rows) // rows)
+    model = make_model(dataclasses.replace(TINY, padding_rows=padding_rows))
+    params = model.init(jax.random.key(0), batch)["params"]
+    whole = forward(model, params, batch)
+    in_pieces = model.apply({"params": params}, batch, pieces=2)
+    for key in whole:
+        np.testing.assert_allclose(in_pieces[key], whole[key], rtol=1e-6, atol=1e-6,
+                                   err_msg=key)
 
 
 def test_padding_entities_and_pairs_change_neither_outputs_nor_loss(encoded, packed, params,

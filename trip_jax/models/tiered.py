@@ -164,19 +164,20 @@ class TieredModel(nn.Module):
     padding_row: PaddingRow | None = None
     cell_view: Any = RealCells
 
-    def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True
-                 ) -> dict[str, jax.Array]:
+    def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+                 pieces: int = 1) -> dict[str, jax.Array]:
         """Returns the Model output contract for a batch (only the input arrays are read).
 
         Keys: pre_logits / eff_logits [B,2,E,S,A,C], pre_pred / eff_pred [B,2,E,S,A],
         conflict_logits [B,2,E,S] (pre-sigmoid, for a stable loss), conflict_prob [B,2,E,S],
-        story_logits [B,2], story_pred [B]. ValueError if S != ``max_sentences``.
+        story_logits [B,2], story_pred [B]. ValueError if S != ``max_sentences``. ``pieces``:
+        the batch's pieces (``row_embeddings``; the steps pass their mesh's batch shards).
         """
         with jax.default_matmul_precision(self.matmul_precision):
-            return self.outputs(batch, deterministic)
+            return self.outputs(batch, deterministic, pieces)
 
     @nn.compact
-    def outputs(self, batch: Mapping[str, jax.Array], deterministic: bool
+    def outputs(self, batch: Mapping[str, jax.Array], deterministic: bool, pieces: int = 1
                 ) -> dict[str, jax.Array]:
         """``__call__`` at the precision in force."""
         cfg = self.config
@@ -186,7 +187,7 @@ class TieredModel(nn.Module):
                              f"{self.max_sentences}")
 
         # Encoder rows -> the head inputs of the cells the heads run on.
-        rows, row_index, padding = self.row_embeddings(batch, deterministic)
+        rows, row_index, padding = self.row_embeddings(batch, deterministic, pieces)
         cells = self.cell_view.over(batch, row_index)
         h = cells.gather(rows, padding)
 
@@ -226,25 +227,39 @@ class TieredModel(nn.Module):
             "story_pred": jnp.argmax(story_logits, axis=-1).astype(jnp.int32),
         }
 
-    def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True
-                       ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    def row_embeddings(self, batch: Mapping[str, jax.Array], deterministic: bool = True,
+                       pieces: int = 1) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """From one encoder pass: rows float32 [R, H] (each row's first token, ``row_start``:
-        flat n*L + l), row_index int32 [R] (each row's flat (B, 2, E, S) cell, B*2*E*S for a
-        padding row), and the ``padding_row``'s vector float32 [H] (``PaddingRow.add_to``) or
-        None."""
+        flat n*L + l; read in ``pieces``, ``first_tokens``), row_index int32 [R] (each row's
+        flat (B, 2, E, S) cell, B*2*E*S for a padding row), and the ``padding_row``'s vector
+        float32 [H] (``PaddingRow.add_to``, one padding sequence a piece) or None."""
         inputs = {key: batch.get(key) for key in
                   ("input_ids", "attention_mask", "token_type_ids", "segment_ids")}
         row_start, extra = batch["row_start"], {}
         if self.padding_row is not None:
-            inputs, row_start, extra = self.padding_row.add_to(inputs, row_start)
+            inputs, row_start, extra = self.padding_row.add_to(inputs, row_start, pieces)
         hidden = self.encoder(inputs["input_ids"], inputs["attention_mask"],
                               token_type_ids=inputs["token_type_ids"],
                               deterministic=deterministic, segment_ids=inputs["segment_ids"],
                               **extra)
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        rows = flat[jnp.asarray(row_start, jnp.int32)].astype(jnp.float32)
+        rows = first_tokens(hidden, row_start, pieces)
         padding = None if self.padding_row is None else self.padding_row.vector(hidden)
         return rows, jnp.asarray(batch["row_index"], jnp.int32), padding
+
+
+def first_tokens(hidden: jax.Array, row_start: jax.Array, pieces: int = 1) -> jax.Array:
+    """hidden [N, L, H], row_start int [R] (flat n*L + l) -> the rows' tokens float32 [R, H].
+    ``pieces`` > 1: N and R are that many equal pieces, each piece's rows starting in its own
+    sequences (every layout builds a sharded batch so); each piece reads only its own, so a
+    batch sharded in those pieces is read on its own devices (docs/compile.md#fsdp)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    row_start = jnp.asarray(row_start, jnp.int32)
+    if pieces == 1:
+        return flat[row_start].astype(jnp.float32)
+    tokens = flat.shape[0] // pieces
+    local = row_start.reshape(pieces, -1) - tokens * jnp.arange(pieces, dtype=jnp.int32)[:, None]
+    rows = jnp.take_along_axis(flat.reshape(pieces, tokens, -1), local[..., None], axis=1)
+    return rows.reshape(-1, flat.shape[-1]).astype(jnp.float32)
 
 
 def _cells_of(values: jax.Array) -> jax.Array:

@@ -20,23 +20,29 @@ from trip_jax.encoder_registry import family_of
 LEGACY_MASK_BIAS = -10000.0
 
 
-def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Array, length: int
-                     ) -> tuple[dict[str, jax.Array], jax.Array]:
+def with_padding_row(inputs: Mapping[str, jax.Array | None], row_start: jax.Array, length: int,
+                     pieces: int = 1) -> tuple[dict[str, jax.Array], jax.Array]:
     """The encoder inputs [N, L] (segment_ids None: the dense layout's rows become segment 1
-    of their sequences) widened to ``length`` tokens, plus a last sequence of packed copies of
-    the padding row (ids, types and mask 0; the encoders encode a fully masked packed row as
-    alone): the inputs [N + 1, max(L, length)] and ``row_start`` in them. Why: docs/fidelity.md."""
+    of their sequences) widened to ``length`` tokens, each of ``pieces`` equal pieces followed
+    by a sequence of packed copies of the padding row (ids, types and mask 0; the encoders
+    encode a fully masked packed row as alone): the inputs [N + pieces, max(L, length)] and
+    ``row_start`` in them. Why: docs/fidelity.md."""
     segments = inputs["segment_ids"]
     if segments is None:
         segments = inputs["attention_mask"]
     num, width = inputs["input_ids"].shape
-    wide = max(width, length)
-    grow = lambda x: jnp.pad(jnp.asarray(x, jnp.int32), ((0, 1), (0, wide - width)))
+    wide, per = max(width, length), num // pieces
+
+    def grow(x):
+        x = jnp.asarray(x, jnp.int32).reshape(pieces, per, width)
+        return jnp.pad(x, ((0, 0), (0, 1), (0, wide - width))).reshape(-1, wide)
+
     out = {key: grow(inputs[key]) for key in ("input_ids", "attention_mask", "token_type_ids")}
-    out["segment_ids"] = grow(segments).at[num].set(jnp.arange(wide, dtype=jnp.int32) // length
-                                                    + 1)
+    out["segment_ids"] = grow(segments).reshape(pieces, per + 1, wide).at[:, per].set(
+        jnp.arange(wide, dtype=jnp.int32) // length + 1).reshape(-1, wide)
     row_start = jnp.asarray(row_start, jnp.int32)
-    return out, row_start // width * wide + row_start % width
+    sequence = row_start // width
+    return out, (sequence + sequence // per) * wide + row_start % width
 
 
 def mask_bias_for(encoder: nn.Module, attention: str) -> float | None:
@@ -66,10 +72,10 @@ class PaddingRow:
         says for ``encoder`` (``mask_bias_for``)."""
         return cls(length, mask_bias_for(encoder, attention))
 
-    def add_to(self, inputs: Mapping[str, jax.Array | None], row_start: jax.Array
-               ) -> tuple[dict[str, jax.Array], jax.Array, dict[str, float]]:
+    def add_to(self, inputs: Mapping[str, jax.Array | None], row_start: jax.Array,
+               pieces: int = 1) -> tuple[dict[str, jax.Array], jax.Array, dict[str, float]]:
         """``with_padding_row`` and the encoder's keyword arguments for the widened inputs."""
-        inputs, row_start = with_padding_row(inputs, row_start, self.length)
+        inputs, row_start = with_padding_row(inputs, row_start, self.length, pieces)
         extra = {} if self.mask_bias is None else {"mask_bias": self.mask_bias}
         return inputs, row_start, extra
 

@@ -52,6 +52,7 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
     ``compiler_options``: XLA's, for the jit (``step_compiler_options``).
     """
     dropout_key = jax.random.split(jax.random.key(seed))[1]
+    pieces = sharding.num_batch_shards(mesh)
 
     def step(state: TrainState, batch):
         rng = jax.random.fold_in(dropout_key, state.step)
@@ -60,7 +61,7 @@ def make_train_step(model, tx, schedule, loss_config: losses.LossConfig, mesh, s
             if freeze_encoder:
                 params = {**params, "encoder": jax.lax.stop_gradient(params["encoder"])}
             outputs = model.apply({"params": sharding.gathered(params, mesh)}, batch,
-                                  deterministic=False, rngs={"dropout": rng})
+                                  deterministic=False, rngs={"dropout": rng}, pieces=pieces)
             return losses.tiered_loss(outputs, batch, loss_config)
 
         (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -95,7 +96,7 @@ def make_eval_step(model, loss_config: losses.LossConfig, mesh, param_shardings)
 
     def step(params, batch):
         outputs = model.apply({"params": sharding.gathered(params, mesh)}, batch,
-                              deterministic=True)
+                              deterministic=True, pieces=sharding.num_batch_shards(mesh))
         _, parts = losses.tiered_loss(outputs, batch, loss_config)
         out = {k: outputs[k] for k in (*batch_contract.PREDICTION_KEYS, *batch_contract.LOGIT_KEYS)}
         out.update({k: batch[k] for k in batch_contract.PAIR_KEYS})
