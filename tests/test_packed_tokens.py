@@ -8,7 +8,7 @@ import random_pairs
 
 from trip_jax.config.messages import ConfigError
 from trip_jax.config.typed import typed
-from trip_jax.data import batch_contract
+from trip_jax.data import batch_contract, input_pipeline
 from trip_jax.data import layouts
 from trip_jax.data.batching import BatchPlan, Epoch
 from trip_jax.data.layouts import packing
@@ -135,6 +135,15 @@ def test_batches_in_device_pieces_split_over_the_devices(encoded, layout):
         batch = next(layout.batches(encoded, Epoch(6, shards_per_process=shards)))
         sizes = layout.check(batch)
         assert sizes["N"] % shards == sizes["R"] % shards == sizes["K"] % shards == 0
+
+
+def test_each_pieces_rows_start_in_its_own_sequences(encoded, layout):
+    # The sharded steps read each piece's rows from its own sequences (models/tiered.py,
+    # first_tokens); input_pipeline.global_batch refuses a batch whose rows do not.
+    batch = next(layout.batches(encoded, Epoch(6, shards_per_process=3)))
+    assert input_pipeline.rows_outside_their_piece(batch, 3) == 0
+    moved = dict(batch, row_start=np.roll(batch["row_start"], len(batch["row_start"]) // 3))
+    assert input_pipeline.rows_outside_their_piece(moved, 3) > 0
 
 
 def test_layout_config_errors(make_layout):

@@ -115,6 +115,15 @@ def data_files(splits: protocol.ProtocolSplits) -> Mapping[str, str]:
     return paths.data_file_hashes(sorted(set(splits.files.values())))
 
 
+def rows_outside_their_piece(batch: Mapping[str, np.ndarray], pieces: int) -> int:
+    """How many rows of ``batch`` (built in ``pieces`` equal pieces) start outside their own
+    piece's sequences: the sharded steps read each piece's rows from its own (0 as built)."""
+    starts = np.asarray(batch["row_start"])
+    tokens = np.size(batch["input_ids"]) // pieces
+    piece = np.arange(starts.size) // (starts.size // pieces)
+    return int((starts // tokens != piece).sum())
+
+
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh
                  ) -> dict[str, jax.Array]:
     """Assembles each process's share of a batch into global arrays split over the mesh.
@@ -136,6 +145,10 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh
     if uneven:
         raise ValueError(f"{', '.join(uneven)} of this process's batch do not split over its "
                          f"{local_shards} devices; build the batch in that many pieces "
+                         "(input_pipeline.batch_stream(shards=...))")
+    if rows_outside_their_piece(local_batch, local_shards):
+        raise ValueError("a row of this process's batch starts outside its device's piece of the "
+                         f"sequences; build the batch in {local_shards} pieces "
                          "(input_pipeline.batch_stream(shards=...))")
     global_pairs = pairs * jax.process_count()
     first, last = sharding.local_block(placement, (global_pairs,))
