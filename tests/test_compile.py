@@ -141,16 +141,23 @@ def test_v4_compiles_in_megacore_one_device_a_chip_with_the_chips_hbm():
         compiled(per_core, 12)
 
 
-@pytest.mark.parametrize("prng_impl", ["threefry2x32", "rbg"])
-def test_the_compiled_train_step_draws_dropout_with_the_configs_prng(prng_impl):
-    import jax
-
+def tiny_train_step_on_v5e4(prng_impl: str):
+    """The tiny config's train step built for v5e-4 with ``train.prng_impl=prng_impl``, lowered
+    for 4 pairs: (config, lowered step, its batch shapes)."""
     from benchmarks import batch_search
     from trip_jax.compile import run, shapes
 
     config = batch_search.config_of("tiny", [f"train.prng_impl={prng_impl}"])
     trainer = run.build(config, run.on_devices(chips.accelerator("v5e-4")))
-    lowered = trainer.train_step.lower(trainer.abstract_state, shapes.batch_spec(config, 4, 4))
+    batch = shapes.batch_spec(config, 4, 4)
+    return config, trainer.train_step.lower(trainer.abstract_state, batch), batch
+
+
+@pytest.mark.parametrize("prng_impl", ["threefry2x32", "rbg"])
+def test_the_compiled_train_step_draws_dropout_with_the_configs_prng(prng_impl):
+    import jax
+
+    _, lowered, _ = tiny_train_step_on_v5e4(prng_impl)
     assert ("rng_bit_generator" in lowered.as_text()) == (prng_impl == "rbg")
     assert jax.config.jax_default_prng_impl == "threefry2x32"  # as it was
 
@@ -164,15 +171,11 @@ def test_with_unsafe_rbg_each_chip_draws_only_its_own_dropout_bits(prng_impl):
 
     import jax
 
-    from benchmarks import batch_search
-    from trip_jax.compile import run, shapes
     from trip_jax.runtime import sharding
     from trip_jax.training import step
 
-    config = batch_search.config_of("tiny", [f"train.prng_impl={prng_impl}"])
-    trainer = run.build(config, run.on_devices(chips.accelerator("v5e-4")))
-    batch = shapes.batch_spec(config, 4, 4)
-    text = trainer.train_step.lower(trainer.abstract_state, batch).compile().as_text()
+    config, lowered, batch = tiny_train_step_on_v5e4(prng_impl)
+    text = lowered.compile().as_text()
     drawn = {int(dims.split(",")[0]) for dims in
              re.findall(r"= u32\[([0-9,]+)\]\S* rng-bit-generator", text)}
     sequences = batch["input_ids"].shape[0]
